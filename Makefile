@@ -1,0 +1,49 @@
+# Everything installs into .venv, the project's own virtual environment.
+# torch is pinned through constraints.txt on every install: an unpinned torch
+# on a CPU machine would download gigabytes of CUDA packages.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip install --constraint constraints.txt
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install test test-all proto proto-check lint fmt typecheck bench demo clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) --upgrade pip
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[dev,plot]'
+	touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-all: install
+	$(BIN)/python -m pytest -m '' $(PYTEST_ARGS)
+
+proto: install
+	$(BIN)/python proto/generate.py
+
+proto-check: install
+	$(BIN)/python proto/generate.py --check
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+fmt: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+typecheck: install
+	$(BIN)/mypy common server client envs
+
+bench: install
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The participant: rollout actors, DQN learner, replay, sync loop, local store, CLI."""

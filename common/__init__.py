@@ -1,0 +1,1 @@
+"""What the server and the client both need: serde, codecs, chunking, spec hashing, TLS helpers."""

@@ -1,0 +1,1 @@
+"""Environments fedrl ships, registered with Gymnasium on import."""

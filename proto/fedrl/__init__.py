@@ -1,0 +1,1 @@
+"""fedrl's wire protocol: the .proto sources and their generated code (fedrl.proto.v1)."""

@@ -1,0 +1,1 @@
+"""The aggregation server. numpy only: nothing under fedrl.server imports torch."""
