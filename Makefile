@@ -39,8 +39,15 @@ fmt: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# mypy cannot follow setuptools' editable import hook, so it reads the code
+# through a farm of links laid out as installed (fedrl/server -> server/ ...).
+TYPECHECK_DIR := build/typecheck
 typecheck: install
-	$(BIN)/mypy common server client envs
+	rm -rf $(TYPECHECK_DIR) && mkdir -p $(TYPECHECK_DIR)/fedrl
+	for d in server client common envs; do ln -s ../../../$$d $(TYPECHECK_DIR)/fedrl/$$d; done
+	ln -s ../../../proto/fedrl $(TYPECHECK_DIR)/fedrl/proto
+	cd $(TYPECHECK_DIR) && ../../$(BIN)/mypy --config-file ../../pyproject.toml \
+		-p fedrl.common -p fedrl.server -p fedrl.client -p fedrl.envs
 
 bench: install
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
