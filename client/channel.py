@@ -1,0 +1,174 @@
+"""The participant's gRPC channel: TLS to the server by default, plaintext only when asked.
+
+The channel never falls back to plaintext. When TLS material is given, a
+server that does not complete a verified TLS handshake is UNAVAILABLE; when
+none is given, plaintext is used only for a loopback target or with an
+explicit ``insecure=True``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from fedrl.common.identity import id_to_metadata
+from fedrl.common.tls import ParticipantBundle, TlsMaterialError, is_loopback, load_cert
+
+log = logging.getLogger(__name__)
+
+ChannelOptions = Sequence[tuple[str, Any]]
+
+
+class ChannelSecurityError(ValueError):
+    """The requested channel would be less secure than the rules allow."""
+
+
+def open_channel(
+    target: str,
+    *,
+    ca_cert: bytes | Path | None = None,
+    bundle: ParticipantBundle | None = None,
+    token: str | None = None,
+    insecure: bool = False,
+    participant_id: str | None = None,
+    options: ChannelOptions = (),
+) -> grpc.aio.Channel:
+    """A channel to ``target`` ("host:port").
+
+    With ``participant_id`` every call names the participant in binary
+    metadata, which a plaintext server needs and a TLS server checks against
+    the certificate or token.
+
+    - ``bundle``: mutual TLS with the participant's certificate; the bundle's
+      CA verifies the server.
+    - ``ca_cert`` (PEM bytes or a path): one-way TLS, verifying the server.
+    - ``token``: sent as a Bearer token; needs TLS (gRPC sends call
+      credentials over secure channels only, and so do we).
+    - none of these: plaintext, for a loopback target or with ``insecure``.
+    """
+    if bundle is not None and ca_cert is not None:
+        raise ChannelSecurityError("give either a participant bundle or --ca-cert, not both")
+    if insecure and (bundle is not None or ca_cert is not None or token is not None):
+        raise ChannelSecurityError(
+            "--insecure contradicts the TLS material or token given; drop one of them"
+        )
+    if bundle is not None:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=bundle.ca_pem,
+            private_key=bundle.key_pem,
+            certificate_chain=bundle.cert_pem,
+        )
+    elif ca_cert is not None:
+        credentials = grpc.ssl_channel_credentials(root_certificates=_ca_pem(ca_cert))
+    else:
+        _check_plaintext(target, token=token, insecure=insecure)
+        return grpc.aio.insecure_channel(
+            target, options=list(options), interceptors=_interceptors(participant_id)
+        )
+    if token is not None:
+        credentials = grpc.composite_channel_credentials(
+            credentials, grpc.access_token_call_credentials(token)
+        )
+    return grpc.aio.secure_channel(
+        target, credentials, options=list(options), interceptors=_interceptors(participant_id)
+    )
+
+
+def _check_plaintext(target: str, *, token: str | None, insecure: bool) -> None:
+    if token is not None:
+        raise ChannelSecurityError(
+            "a token is sent only over TLS: pass --ca-cert with the session's CA certificate"
+        )
+    loopback = is_loopback_target(target)
+    if not insecure and not loopback:
+        raise ChannelSecurityError(
+            f"{target} is not a loopback address: pass a participant bundle or --ca-cert "
+            "for TLS, or --insecure to send everything in plaintext"
+        )
+    if not loopback:
+        log.warning("connecting to %s in PLAINTEXT (--insecure)", target)
+
+
+class _Naming:
+    """Adds the participant's binary id metadata to a call that does not carry it yet."""
+
+    def __init__(self, participant_id: str) -> None:
+        self._key, self._value = id_to_metadata(participant_id)
+
+    def _named(self, details: Any) -> Any:
+        metadata = grpc.aio.Metadata(*(details.metadata or ()))
+        if self._key not in metadata:
+            metadata.add(self._key, self._value)
+        return details._replace(metadata=metadata)
+
+
+# One class per call kind: grpc.aio files an interceptor under the first kind
+# it is an instance of, so one class implementing all four would name unary
+# calls only.
+class _NameUnaryUnary(_Naming, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._named(details), request)
+
+
+class _NameUnaryStream(_Naming, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._named(details), request)
+
+
+class _NameStreamUnary(_Naming, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(self._named(details), requests)
+
+
+class _NameStreamStream(_Naming, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(self._named(details), requests)
+
+
+def _interceptors(participant_id: str | None) -> list[_Naming] | None:
+    if participant_id is None:
+        return None
+    kinds = (_NameUnaryUnary, _NameUnaryStream, _NameStreamUnary, _NameStreamStream)
+    return [kind(participant_id) for kind in kinds]
+
+
+def _ca_pem(ca_cert: bytes | Path) -> bytes:
+    """The CA certificate, checked now: a bad one would otherwise surface as UNAVAILABLE."""
+    if isinstance(ca_cert, bytes):
+        pem = ca_cert
+    else:
+        try:
+            pem = ca_cert.read_bytes()
+        except OSError as exc:
+            raise TlsMaterialError(f"--ca-cert {ca_cert}: {exc.strerror}") from None
+    load_cert(pem)
+    return pem
+
+
+def participant_metadata(participant_id: str) -> tuple[tuple[str, bytes]]:
+    """Per-call metadata naming the participant in binary (UTF-8) form.
+
+    Required on a plaintext server, which has nothing else to go on; over TLS
+    the server checks it against the authenticated identity.
+    """
+    return (id_to_metadata(participant_id),)
+
+
+def is_loopback_target(target: str) -> bool:
+    """Whether a gRPC target names this machine only (literal loopback, localhost, unix socket)."""
+    if target.startswith(("unix:", "unix-abstract:")):
+        return True
+    host = target
+    for scheme in ("dns:///", "dns:", "ipv4:", "ipv6:"):
+        if host.startswith(scheme):
+            host = host[len(scheme) :]
+            break
+    if host.startswith("["):
+        host = host[1 : host.find("]")] if "]" in host else host
+    elif host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    return is_loopback(host)

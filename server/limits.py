@@ -1,0 +1,173 @@
+"""Per-participant limits: push rate, concurrent streams, idle half-finished streams.
+
+Each limit raises its own LimitError subclass whose message names the
+limit and its value, and whose ``code`` is the gRPC status the servicer
+answers with (RESOURCE_EXHAUSTED, or DEADLINE_EXCEEDED for a stalled stream).
+Sizes are not repeated here: gRPC's own message limit (a server option)
+answers RESOURCE_EXHAUSTED naming both sizes, and the chunk assembler's
+DecodeLimits refuse oversized chunks with a DecodeError naming the bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+
+T = TypeVar("T")
+
+_PRUNE_ABOVE = 1024
+"""Buckets kept before idle ones are swept; more participants than this is a big session."""
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """The server's per-participant limits."""
+
+    max_streams_per_participant: int = 8
+    """Open streaming calls per participant; a sync loop needs 3-4 (push, pull, watch, exchange)."""
+    push_rate_per_s: float = 2.0
+    """Sustained pushes per second per participant; a sync every few episodes needs far fewer."""
+    push_burst: int = 10
+    """Pushes allowed back to back, so an outbox flushed after an outage is not throttled."""
+    stream_idle_timeout_s: float = 60.0
+    """Longest wait for the next message of a half-finished upload before giving up on it."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_streams_per_participant", "push_burst"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("push_rate_per_s", "stream_idle_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+class LimitError(Exception):
+    """A call went past a limit; the message says which one and its value."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class RateLimitError(LimitError):
+    """Too many pushes in a short time."""
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        """Seconds until the next push would be accepted."""
+
+
+class StreamLimitError(LimitError):
+    """Too many streaming calls open at once."""
+
+
+class StreamIdleError(LimitError):
+    """A client stopped sending in the middle of a stream."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class RateLimiter:
+    """A token bucket per participant: ``burst`` at once, then ``rate_per_s`` sustained.
+
+    The clock is injectable so tests step time instead of sleeping.
+    """
+
+    def __init__(
+        self,
+        *,
+        rate_per_s: float,
+        burst: int,
+        what: str = "push",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._rate = rate_per_s
+        self._burst = float(burst)
+        self._what = what
+        self._clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}
+        """participant -> (tokens left, time of last refill)."""
+
+    def acquire(self, participant_id: str) -> None:
+        """Take one token for this participant, or raise RateLimitError saying when to retry."""
+        now = self._clock()
+        if len(self._buckets) > _PRUNE_ABOVE:
+            self._forget_full(now)
+        tokens, last = self._buckets.get(participant_id, (self._burst, now))
+        tokens = min(self._burst, tokens + (now - last) * self._rate)
+        if tokens < 1.0:
+            self._buckets[participant_id] = (tokens, now)
+            wait = (1.0 - tokens) / self._rate
+            raise RateLimitError(
+                f"{self._what} rate limit: at most {self._rate:g}/s per participant "
+                f"(bursts of {self._burst:g}); retry in {wait:.1f} s",
+                retry_after_s=wait,
+            )
+        self._buckets[participant_id] = (tokens - 1.0, now)
+
+    def _forget_full(self, now: float) -> None:
+        """Drop buckets that have refilled: a full bucket is the same as none, and ids
+        that stopped calling (or were made up, on a plaintext server) must not pile up."""
+        refill_s = self._burst / self._rate
+        self._buckets = {p: b for p, b in self._buckets.items() if now - b[1] < refill_s}
+
+
+class StreamCounter:
+    """Counts open streaming calls per participant and refuses one past the limit.
+
+    Used from one event loop: hold() neither awaits nor needs a lock.
+    """
+
+    def __init__(self, *, max_per_participant: int) -> None:
+        self._max = max_per_participant
+        self._open: dict[str, int] = {}
+
+    def open_streams(self, participant_id: str) -> int:
+        """How many streams this participant has open now."""
+        return self._open.get(participant_id, 0)
+
+    @contextmanager
+    def hold(self, participant_id: str) -> Iterator[None]:
+        """Count one stream for the duration of the block; StreamLimitError past the limit."""
+        current = self._open.get(participant_id, 0)
+        if current >= self._max:
+            raise StreamLimitError(
+                f"concurrent stream limit: at most {self._max} open streams per participant; "
+                "finish or cancel one first"
+            )
+        self._open[participant_id] = current + 1
+        try:
+            yield
+        finally:
+            remaining = self._open[participant_id] - 1
+            if remaining:
+                self._open[participant_id] = remaining
+            else:
+                del self._open[participant_id]
+
+
+async def with_idle_timeout(
+    messages: AsyncIterable[T], timeout_s: float, *, what: str
+) -> AsyncIterator[T]:
+    """The messages of a client stream, raising StreamIdleError when the next one takes too long.
+
+    Without this, a client that sends a header and stalls holds its stream
+    slot and any buffered chunks forever.
+    """
+    iterator = aiter(messages)
+    while True:
+        try:
+            message = await asyncio.wait_for(anext(iterator), timeout_s)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise StreamIdleError(
+                f"stream idle timeout: no {what} message for {timeout_s:g} s; "
+                "the half-finished stream was dropped"
+            ) from None
+        yield message
