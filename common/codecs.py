@@ -8,6 +8,7 @@ and never holds more than that (plus one byte to notice an overrun).
 from __future__ import annotations
 
 import io
+import threading
 
 import zstandard
 
@@ -22,7 +23,18 @@ ZSTD_LEVEL = 3
 # a huge history buffer: 2**27 bytes is zstd's own default limit.
 _MAX_WINDOW = 1 << 27
 
-_COMPRESSOR = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+# A ZstdCompressor holds one native context and is not thread-safe (sharing
+# one between threads crashed the process), so each thread gets its own.
+_LOCAL = threading.local()
+
+
+def _compressor() -> zstandard.ZstdCompressor:
+    compressor: zstandard.ZstdCompressor | None = getattr(_LOCAL, "compressor", None)
+    if compressor is None:
+        compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+        _LOCAL.compressor = compressor
+    return compressor
+
 
 CODECS = {pb.CODEC_NONE: "none", pb.CODEC_ZSTD: "zstd"}
 
@@ -41,7 +53,7 @@ def encode_bytes(codec: int, raw: bytes | memoryview) -> bytes:
     if codec == pb.CODEC_NONE:
         return bytes(raw)
     if codec == pb.CODEC_ZSTD:
-        return _COMPRESSOR.compress(raw)
+        return _compressor().compress(raw)
     raise ValueError(f"unknown codec {codec}; use one of {sorted(CODECS.values())}")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -146,3 +148,20 @@ def test_large_tensor_streams_in_bounded_chunks() -> None:
     assert len(chunks) == 8
     assert max(c.ByteSize() for c in chunks) < (1 << 20) + 1024
     np.testing.assert_array_equal(decoded[0][1], weights)
+
+
+def test_encoding_from_many_threads_at_once_is_safe() -> None:
+    arrays = [
+        np.random.default_rng(i).standard_normal(200_000).astype(np.float32) for i in range(8)
+    ]
+
+    def encode_and_decode(array: np.ndarray) -> bool:
+        for _ in range(5):
+            header, data = encode_tensor("w", array, dtype=pb.DTYPE_BFLOAT16)
+            decoded = decode_tensor(header, data, max_raw_bytes=1 << 22)
+            if decoded.shape != array.shape:
+                return False
+        return True
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        assert all(pool.map(encode_and_decode, arrays))

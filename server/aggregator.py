@@ -1,0 +1,350 @@
+"""The single writer of a session's global model: an asyncio task (FedBuff).
+
+Acknowledged updates arrive on a queue. After K of them, or when the oldest
+has waited `buffer_timeout_s`, the buffer is clipped, aggregated by the
+injected strategy and applied to the newest global with the server learning
+rate. The new version then becomes visible in this order, which is what makes
+a kill -9 at any instant recoverable:
+
+1. the checkpoint file is written, fsynced and renamed (ModelStore.write);
+2. the version row and the acks it folds in are committed in one transaction;
+3. only then does the in-memory global move and do readers see it;
+4. the update log is trimmed below every update not yet in a version.
+
+Only this task assigns the global tensors and the version number, so the data
+path needs no locks; readers take the (version, tensors) pair, which is
+replaced, never mutated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from fedrl.server.aggregation import Strategy, apply_update, clip_by_norm
+from fedrl.server.model_store import ModelStore
+from fedrl.server.state_db import DbRunner, VersionRow
+from fedrl.server.update_log import LoggedUpdate, UpdateLog
+
+log = logging.getLogger(__name__)
+
+NamedTensors = list[tuple[str, np.ndarray]]
+T = TypeVar("T")
+
+
+class AlreadySeededError(Exception):
+    """Version 0 exists already: the caller should pull it instead."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A global version as readers see it; replaced as a whole, never mutated."""
+
+    version: int
+    tensors: tuple[np.ndarray, ...]
+
+
+@dataclass(frozen=True)
+class AggregatorSettings:
+    """The aggregation knobs of ServerConfig that this task needs."""
+
+    buffer_size: int
+    """Updates (K) that trigger a new version."""
+    buffer_timeout_s: float
+    """Longest wait of a buffered update before a version is made anyway."""
+    server_lr: float
+    """global += server_lr * aggregate."""
+    clip_norm: float
+    """Per-update L2 clip; 0 disables it."""
+
+
+@dataclass
+class _Seed:
+    participant_id: str
+    tensors: NamedTensors
+    done: asyncio.Future[int] = field(repr=False)
+
+
+class _Stop:
+    """Queued by close(): fold the buffer, then end the task."""
+
+
+class Aggregator:
+    """Owns one session's global model; see the module docstring for the commit order."""
+
+    def __init__(
+        self,
+        *,
+        session: str,
+        names: Sequence[str],
+        store: ModelStore,
+        update_log: UpdateLog,
+        db: DbRunner,
+        strategy: Strategy,
+        settings: AggregatorSettings,
+        data_dir: Path,
+        metrics_path: Path,
+        on_version: Callable[[int], Awaitable[None]],
+        discard_watermark: Callable[[], Awaitable[int]],
+        snapshot: Snapshot | None = None,
+        best_version: int = -1,
+    ) -> None:
+        self._session = session
+        self._names = list(names)
+        self._store = store
+        self._log = update_log
+        self._db = db
+        self._strategy = strategy
+        self._settings = settings
+        self._data_dir = data_dir
+        self._metrics_path = metrics_path
+        self._on_version = on_version
+        self._discard_watermark = discard_watermark
+        self._snapshot = snapshot
+        self._best_version = best_version
+        self._queue: asyncio.Queue[LoggedUpdate | _Seed | _Stop] = asyncio.Queue()
+        self._buffer: list[LoggedUpdate] = []
+        self._buffer_since = 0.0
+        self._task: asyncio.Task[None] | None = None
+        # The aggregator's own thread: pushes decoding and logging on the
+        # shared pool never make a new version wait for a free worker.
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"fedrl-agg-{session}")
+        self._drained = asyncio.Event()
+
+    @property
+    def snapshot(self) -> Snapshot | None:
+        """The newest committed global, or None before the session is seeded."""
+        return self._snapshot
+
+    @property
+    def current_version(self) -> int:
+        return self._snapshot.version if self._snapshot else -1
+
+    @property
+    def pending(self) -> int:
+        """Acknowledged updates not yet folded into a version."""
+        return len(self._buffer) + self._queue.qsize()
+
+    async def wait_for_room(self, limit: int) -> None:
+        """Wait while `limit` or more updates are pending, so pushes slow to the aggregation rate.
+
+        Without this, a burst beyond the aggregation rate would queue without
+        bound, in memory and in the update log.
+        """
+        while self.pending >= limit:
+            drained = self._drained
+            await drained.wait()
+
+    def note_best(self, version: int) -> None:
+        """Tell retention which version has the best evaluation return."""
+        self._best_version = version
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"aggregator:{self._session}")
+        self._task.add_done_callback(self._report_exit)
+
+    def _report_exit(self, task: asyncio.Task[None]) -> None:
+        # A dead aggregator would leave pushes waiting for room forever: say so loudly.
+        if not task.cancelled() and task.exception() is not None:
+            log.critical(
+                "session %r: the aggregator stopped", self._session, exc_info=task.exception()
+            )
+
+    def submit(self, update: LoggedUpdate) -> None:
+        """Queue an update that is already durable and acknowledged."""
+        self._queue.put_nowait(update)
+
+    async def seed(self, participant_id: str, tensors: NamedTensors) -> int:
+        """Make version 0; AlreadySeededError if a version exists."""
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Seed(participant_id, tensors, done))
+        return await done
+
+    async def close(self) -> None:
+        """Fold what is buffered into a last version, then stop."""
+        if self._task is not None and not self._task.done():
+            self._queue.put_nowait(_Stop())
+            await self._task
+        self._worker.shutdown(wait=True)
+
+    async def _in_worker(self, call: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._worker, call, *args)
+
+    async def _run(self) -> None:
+        while True:
+            item = await self._next_item()
+            if item is None:
+                await self._flush_guarded()
+            elif isinstance(item, _Stop):
+                await self._flush_guarded()
+                return
+            elif isinstance(item, _Seed):
+                await self._seed(item)
+            else:
+                if not self._buffer:
+                    self._buffer_since = time.monotonic()
+                self._buffer.append(item)
+                if len(self._buffer) >= self._settings.buffer_size:
+                    await self._flush_guarded()
+
+    async def _next_item(self) -> LoggedUpdate | _Seed | _Stop | None:
+        """The next command, or None when the buffer's timeout has come."""
+        if not self._buffer:
+            return await self._queue.get()
+        remaining = self._buffer_since + self._settings.buffer_timeout_s - time.monotonic()
+        if remaining <= 0:
+            return None
+        try:
+            return await asyncio.wait_for(self._queue.get(), remaining)
+        except TimeoutError:
+            return None
+
+    async def _seed(self, item: _Seed) -> None:
+        if self._snapshot is not None:
+            item.done.set_exception(
+                AlreadySeededError(
+                    f"session {self._session!r} already has version {self.current_version}; "
+                    "pull it instead of seeding"
+                )
+            )
+            return
+        try:
+            await self._commit(
+                0,
+                parent=-1,
+                tensors=[t for _, t in item.tensors],
+                updates=[],
+                seeded_by=item.participant_id,
+            )
+        except Exception as exc:
+            item.done.set_exception(exc)
+        else:
+            item.done.set_result(0)
+
+    async def _flush_guarded(self) -> None:
+        """Flush; on failure keep the buffer (it is in the log) and retry at the next trigger."""
+        try:
+            await self._flush()
+        except Exception:
+            log.exception("session %r: making a new version failed; will retry", self._session)
+            self._buffer_since = time.monotonic()
+
+    async def _flush(self) -> None:
+        if not self._buffer or self._snapshot is None:
+            return
+        updates = list(self._buffer)
+        base = self._snapshot
+        new_tensors = await self._in_worker(self._aggregate, base.tensors, updates)
+        await self._commit(
+            base.version + 1, parent=base.version, tensors=new_tensors, updates=updates
+        )
+
+    def _aggregate(
+        self, global_tensors: Sequence[np.ndarray], updates: Sequence[LoggedUpdate]
+    ) -> list[np.ndarray]:
+        deltas = []
+        for update in updates:
+            delta = [tensor for _, tensor in update.tensors]
+            if self._settings.clip_norm > 0:
+                delta, _norm = clip_by_norm(delta, self._settings.clip_norm)
+            deltas.append(delta)
+        aggregate = self._strategy.aggregate(deltas, [u.weight for u in updates])
+        return apply_update(list(global_tensors), aggregate, server_lr=self._settings.server_lr)
+
+    async def _commit(
+        self,
+        version: int,
+        *,
+        parent: int,
+        tensors: Sequence[np.ndarray],
+        updates: Sequence[LoggedUpdate],
+        seeded_by: str | None = None,
+    ) -> None:
+        named = list(zip(self._names, tensors, strict=True))
+        path = await self._in_worker(self._store.write, version, named)
+        lsn = max((u.lsn for u in updates), default=self._log.last_lsn)
+        returns = [u.metrics["mean_return"] for u in updates if "mean_return" in u.metrics]
+        row = VersionRow(
+            session=self._session,
+            version=version,
+            parent=parent,
+            created_ms=int(time.time() * 1000),
+            lsn=lsn,
+            contributors=(seeded_by,)
+            if seeded_by
+            else tuple(dict.fromkeys(u.participant_id for u in updates)),
+            max_staleness=max((u.staleness for u in updates), default=0),
+            mean_return=float(np.mean(returns)) if returns else None,
+            checkpoint=_relative(path, self._data_dir),
+        )
+        applied = [(u.participant_id, u.sequence) for u in updates]
+        try:
+            await self._db(lambda db: db.commit_version(row, applied))
+        except BaseException:
+            # Never committed, so never visible; the retry may fold a different
+            # buffer into this version number, and checkpoints are immutable.
+            await self._in_worker(functools.partial(path.unlink, missing_ok=True))
+            raise
+        self._snapshot = Snapshot(version, tuple(tensors))
+        if updates:
+            del self._buffer[: len(updates)]
+            drained, self._drained = self._drained, asyncio.Event()
+            drained.set()
+        try:
+            watermark = await self._discard_watermark()
+            pruned = await self._in_worker(self._after_commit, row, updates, watermark)
+            if pruned:
+                # A crash before this leaves a checkpoint name whose file is
+                # gone: Status shows it, PullModel answers NOT_FOUND. Harmless.
+                await self._db(lambda db: db.mark_pruned(self._session, pruned))
+        except Exception:
+            # The version is committed; housekeeping is retried after the next one.
+            log.exception(
+                "session %r: housekeeping after version %d failed", self._session, version
+            )
+        await self._on_version(version)
+
+    def _after_commit(
+        self, row: VersionRow, updates: Sequence[LoggedUpdate], watermark: int
+    ) -> list[int]:
+        """Housekeeping after the commit; each step is redone or harmless after a crash."""
+        self._append_metrics(row, updates)
+        self._log.discard_through(watermark)
+        best = self._best_version if self._best_version >= 0 else None
+        return self._store.retain(current=row.version, best=best)
+
+    def _append_metrics(self, row: VersionRow, updates: Sequence[LoggedUpdate]) -> None:
+        base_evals = [
+            u.metrics["base_eval_return"] for u in updates if "base_eval_return" in u.metrics
+        ]
+        line = {
+            "session": self._session,
+            "version": row.version,
+            "parent": row.parent,
+            "time_unix_ms": row.created_ms,
+            "updates": len(updates),
+            "contributors": list(row.contributors),
+            "max_staleness": row.max_staleness,
+            "mean_staleness": float(np.mean([u.staleness for u in updates])) if updates else 0.0,
+            "mean_return": row.mean_return,
+            "base_eval_return": float(np.mean(base_evals)) if base_evals else None,
+        }
+        with self._metrics_path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,155 @@
+"""ServerConfig: every knob of `fedrl-server`, one field each.
+
+The command line is generated from these fields (server/cli.py), so the help
+text lives here, in each field's metadata, and a test checks that options and
+fields match one to one.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STRATEGIES = ("mean", "trimmed_mean", "median")
+LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
+
+
+def doc(help: str) -> dict[str, str]:
+    """Field metadata holding the help text the CLI shows next to the option."""
+    return {"help": help}
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Settings of one aggregation server process."""
+
+    host: str = field(
+        default="127.0.0.1", metadata=doc("Address to listen on; non-loopback needs TLS.")
+    )
+    port: int = field(
+        default=7443, metadata=doc("TCP port; 0 picks a free one (printed at start).")
+    )
+    data_dir: Path = field(
+        default=Path("fedrl-server-data"),
+        metadata=doc("Directory for the state database, checkpoints and logs."),
+    )
+    goal_episodes: int = field(default=1000, metadata=doc("Total-episodes goal of a new session."))
+    max_staleness: int = field(
+        default=16,
+        metadata=doc(
+            "Oldest accepted base version, in versions behind the newest; older is refused."
+        ),
+    )
+    buffer_size: int = field(
+        default=4, metadata=doc("Buffered updates (K) that trigger a new global version.")
+    )
+    buffer_timeout_s: float = field(
+        default=5.0,
+        metadata=doc("A non-empty buffer becomes a version after this many seconds even below K."),
+    )
+    max_pending: int = field(
+        default=32,
+        metadata=doc(
+            "Acknowledged updates not yet in a version; beyond it pushes wait (bounds memory)."
+        ),
+    )
+    strategy: str = field(
+        default="mean", metadata=doc(f"Aggregation strategy: {', '.join(STRATEGIES)}.")
+    )
+    trim_fraction: float = field(
+        default=0.2,
+        metadata=doc("Share of updates cut at each end per coordinate by trimmed_mean."),
+    )
+    clip_norm: float = field(
+        default=0.0, metadata=doc("Clip each update's L2 norm to this (0: no clipping).")
+    )
+    server_lr: float = field(
+        default=1.0, metadata=doc("Server learning rate: global += lr * aggregate.")
+    )
+    max_samples: int = field(
+        default=100_000, metadata=doc("Cap on the sample count an update may claim for its weight.")
+    )
+    staleness_exponent: float = field(
+        default=0.5,
+        metadata=doc("Staleness weight is (1 + s) ** -exponent (FedBuff's polynomial decay)."),
+    )
+    keep_last: int = field(
+        default=5, metadata=doc("Checkpoints of the newest versions always retained.")
+    )
+    keep_every: int = field(
+        default=50, metadata=doc("Every M-th version's checkpoint is retained as well.")
+    )
+    chunk_bytes: int = field(
+        default=1 << 20, metadata=doc("Largest data field of a tensor chunk sent or accepted.")
+    )
+    max_message_bytes: int = field(
+        default=8 << 20,
+        metadata=doc("gRPC message size limit; chunks keep every message far below it."),
+    )
+    max_model_bytes: int = field(
+        default=1 << 30, metadata=doc("Largest decoded model or update a client may send (bytes).")
+    )
+    sync_interval: int = field(
+        default=10, metadata=doc("Suggested sync interval for clients, in episodes.")
+    )
+    status_versions: int = field(
+        default=20, metadata=doc("Versions listed by Status when the caller names no number.")
+    )
+    grace_s: float = field(
+        default=10.0, metadata=doc("On SIGTERM/SIGINT, seconds in-flight calls get to finish.")
+    )
+
+    def __post_init__(self) -> None:
+        """Refuse bad settings at start, with what to change, not at the first push."""
+        positive = {
+            "buffer_size": self.buffer_size,
+            "max_pending": self.max_pending,
+            "chunk_bytes": self.chunk_bytes,
+            "max_message_bytes": self.max_message_bytes,
+            "max_model_bytes": self.max_model_bytes,
+            "keep_last": self.keep_last,
+            "keep_every": self.keep_every,
+            "goal_episodes": self.goal_episodes,
+            "max_samples": self.max_samples,
+            "sync_interval": self.sync_interval,
+            "status_versions": self.status_versions,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.max_pending < self.buffer_size:
+            raise ValueError(
+                f"max_pending ({self.max_pending}) must be at least buffer_size "
+                f"({self.buffer_size}), or a full buffer could never form"
+            )
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.buffer_timeout_s <= 0 or self.grace_s < 0:
+            raise ValueError("buffer_timeout_s must be positive and grace_s non-negative")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(
+                f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}"
+            )
+        if not 0 <= self.trim_fraction < 0.5:
+            raise ValueError(f"trim_fraction must be in [0, 0.5), got {self.trim_fraction}")
+        if self.clip_norm < 0 or self.server_lr <= 0 or self.staleness_exponent < 0:
+            raise ValueError("clip_norm and staleness_exponent must be >= 0, server_lr > 0")
+        # A chunk plus its protobuf framing must fit one message with room to spare.
+        if self.chunk_bytes + (64 << 10) > self.max_message_bytes:
+            raise ValueError(
+                f"chunk_bytes ({self.chunk_bytes}) must be at least 64 KiB below "
+                f"max_message_bytes ({self.max_message_bytes})"
+            )
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach (plaintext is safe there)."""
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

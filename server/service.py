@@ -1,0 +1,398 @@
+"""The Federation gRPC servicer: messages <-> domain calls, domain errors -> status codes.
+
+Nothing here decides anything a unit test of server/session.py could not
+reach: each handler reads its messages, decodes tensors with
+fedrl.common.chunking, calls Federation, and maps the exceptions below.
+"""
+
+# The generated servicer base class fixes the method names (Join, PushUpdate, ...).
+# ruff: noqa: N802
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NoReturn, TypeAlias, TypeVar
+
+import grpc
+
+from fedrl.common.chunking import DecodeLimits, TensorListAssembler, chunk_tensors
+from fedrl.common.errors import DecodeError
+from fedrl.common.identity import id_from_metadata, validate_participant_id
+from fedrl.proto.v1 import federation_pb2 as pb
+from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
+from fedrl.proto.v1 import tensor_pb2 as tpb
+from fedrl.server.aggregator import NamedTensors
+from fedrl.server.session import (
+    ACCEPTED_DELTA_DTYPES,
+    AlreadyExistsError,
+    Federation,
+    FederationError,
+    InvalidRequestError,
+    ModelView,
+    NotFoundError,
+    PreconditionError,
+    PushRequest,
+    PushResult,
+    now_ms,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# grpc ships no type stubs; a servicer context is untyped to mypy either way.
+Context: TypeAlias = Any
+
+# Most specific first: DecodeError is a ValueError, so order matters.
+STATUS_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
+    (DecodeError, grpc.StatusCode.INVALID_ARGUMENT),
+    (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
+    (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
+    (NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
+)
+
+Encoded: TypeAlias = tuple[tpb.TensorListHeader, list[tpb.TensorChunk]]
+
+FULL_MODEL_DTYPES = (tpb.DTYPE_FLOAT32,)
+CODECS = (tpb.CODEC_NONE, tpb.CODEC_ZSTD)
+
+
+class PermissionDeniedError(Exception):
+    """The request names a participant other than the caller."""
+
+
+def status_code(exc: BaseException) -> grpc.StatusCode | None:
+    """The status code a domain or decode error maps to; None for a bug (INTERNAL)."""
+    if isinstance(exc, PermissionDeniedError):
+        return grpc.StatusCode.PERMISSION_DENIED
+    for kind, code in STATUS_CODES:
+        if isinstance(exc, kind):
+            return code
+    return None
+
+
+def authenticated_participant(context: Context) -> str | None:
+    """Who the transport says is calling; None when it does not say.
+
+    Until TLS identities exist this is the `fedrl-participant-bin` metadata;
+    the security issue swaps this one function for the certificate's identity.
+    """
+    try:
+        return id_from_metadata(context.invocation_metadata())
+    except ValueError as exc:
+        raise InvalidRequestError(f"caller identity: {exc}") from None
+
+
+def acting_as(context: Context, claimed: str) -> str:
+    """The participant a request speaks for, refused if it is not the caller."""
+    try:
+        pid = validate_participant_id(claimed)
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from None
+    caller = authenticated_participant(context)
+    if caller is not None and caller != pid:
+        raise PermissionDeniedError(f"you are {caller!r} and may not act as {pid!r}")
+    return pid
+
+
+async def _abort(context: Context, exc: Exception) -> NoReturn:
+    code = status_code(exc)
+    if code is None:
+        raise exc
+    await context.abort(code, str(exc))
+    raise RuntimeError("context.abort returned instead of raising") from exc
+
+
+class EncodedModelCache:
+    """The last few encoded models, so N clients pulling one new version encode it once."""
+
+    def __init__(self, *, max_bytes: int) -> None:
+        self._max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[Any, ...], Encoded] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, key: tuple[Any, ...]) -> Encoded | None:
+        found = self._entries.get(key)
+        if found is not None:
+            self._entries.move_to_end(key)
+        return found
+
+    def put(self, key: tuple[Any, ...], value: Encoded) -> None:
+        size = value[0].total_encoded_size
+        if size > self._max_bytes or key in self._entries:
+            return
+        self._entries[key] = value
+        self._bytes += size
+        while self._bytes > self._max_bytes:
+            _, (header, _chunks) = self._entries.popitem(last=False)
+            self._bytes -= header.total_encoded_size
+
+
+class FederationServicer(pb_grpc.FederationServicer):
+    """Federation service of protocol v1 over a Federation domain object."""
+
+    def __init__(
+        self,
+        federation: Federation,
+        *,
+        limits: DecodeLimits,
+        chunk_bytes: int,
+        cache_bytes: int = 64 << 20,
+    ) -> None:
+        self._federation = federation
+        self._limits = limits
+        self._chunk_bytes = chunk_bytes
+        self._cache = EncodedModelCache(max_bytes=cache_bytes)
+        # One encoding thread: it keeps the event loop free during zstd, and
+        # fedrl.common.codecs' shared compressor must not run on two threads.
+        self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedrl-encode")
+        self._encoding: dict[tuple[Any, ...], asyncio.Future[Encoded]] = {}
+
+    async def _guard(self, context: Context, call: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await call()
+        except (FederationError, DecodeError, PermissionDeniedError) as exc:
+            await _abort(context, exc)
+
+    async def Join(self, request: pb.JoinRequest, context: Context) -> pb.JoinReply:
+        async def call() -> pb.JoinReply:
+            pid = acting_as(context, request.participant_id)
+            joined = await self._federation.join(
+                request.session, pid, request.spec, request.spec_hash
+            )
+            return pb.JoinReply(
+                config=self._federation.session_config(),
+                current_version=joined.current_version,
+                goal=joined.goal,
+                server_time_unix_ms=now_ms(),
+                last_update_sequence=joined.last_update_sequence,
+                spec_hash=joined.spec_hash,
+            )
+
+        return await self._guard(context, call)
+
+    async def Leave(self, request: pb.LeaveRequest, context: Context) -> pb.LeaveReply:
+        async def call() -> pb.LeaveReply:
+            pid = acting_as(context, request.participant_id)
+            await self._federation.leave(request.session, pid)
+            return pb.LeaveReply()
+
+        return await self._guard(context, call)
+
+    async def SeedModel(
+        self, request_iterator: AsyncIterator[pb.ModelUpload], context: Context
+    ) -> pb.SeedReply:
+        async def call() -> pb.SeedReply:
+            first = await _first(request_iterator, "ModelUploadHeader")
+            if not first.HasField("header"):
+                raise InvalidRequestError("a seed stream must start with its ModelUploadHeader")
+            header = first.header
+            pid = acting_as(context, header.participant_id)
+            tensors = await self._assemble(header.tensors, request_iterator, "seed")
+            version = await self._federation.seed(header.session, pid, header.spec_hash, tensors)
+            return pb.SeedReply(version=version)
+
+        return await self._guard(context, call)
+
+    async def PushUpdate(
+        self, request_iterator: AsyncIterator[pb.UpdateChunk], context: Context
+    ) -> pb.PushReply:
+        async def call() -> pb.PushReply:
+            first = await _first(request_iterator, "UpdateHeader")
+            if not first.HasField("header"):
+                raise InvalidRequestError("an update stream must start with its UpdateHeader")
+            header = first.header
+            request = _push_request(header, acting_as(context, header.participant_id))
+            known = await self._federation.check_push(request)
+            if known is not None:
+                return _push_reply(known)
+            try:
+                tensors = await self._assemble(header.tensors, request_iterator, "update")
+            except (DecodeError, InvalidRequestError):
+                await self._federation.count_rejection(request.session, request.participant_id)
+                raise
+            return _push_reply(await self._federation.push(request, tensors))
+
+        return await self._guard(context, call)
+
+    async def _assemble(
+        self,
+        header: tpb.TensorListHeader,
+        messages: AsyncIterator[pb.UpdateChunk] | AsyncIterator[pb.ModelUpload],
+        what: str,
+    ) -> NamedTensors:
+        """The tensors of a stream whose header was read; every later message must be a chunk.
+
+        Chunks are gathered on the event loop, bounded by the list header the
+        assembler has already checked against the limits; decompressing and
+        converting them (tens of ms for a 1M-parameter model) runs on a worker
+        thread so other calls are not held up meanwhile.
+        """
+        assembler = TensorListAssembler(header, self._limits)
+        chunks: list[tpb.TensorChunk] = []
+        received = 0
+        async for message in messages:
+            if not message.HasField("chunk"):
+                raise InvalidRequestError(f"a second header inside the {what} stream")
+            received += len(message.chunk.data)
+            if received > header.total_encoded_size:
+                raise DecodeError(
+                    f"{what} stream carries more than its declared "
+                    f"{header.total_encoded_size} encoded bytes"
+                )
+            chunks.append(message.chunk)
+        return await asyncio.to_thread(_decode, assembler, chunks)
+
+    async def PullModel(
+        self, request: pb.PullModelRequest, context: Context
+    ) -> AsyncIterator[pb.ModelChunk]:
+        try:
+            if request.participant_id:
+                acting_as(context, request.participant_id)
+            view = await self._federation.model(
+                request.session, request.version, request.have_version
+            )
+            list_header, chunks = await self._encoded(view, request.dtype, request.codec)
+        except (FederationError, DecodeError, PermissionDeniedError) as exc:
+            await _abort(context, exc)
+            return
+        yield pb.ModelChunk(
+            header=pb.ModelHeader(
+                session=view.session,
+                version=view.version,
+                is_delta=view.is_delta,
+                from_version=view.from_version,
+                spec_hash=view.spec_hash,
+                tensors=list_header,
+                goal=view.goal,
+            )
+        )
+        for chunk in chunks:
+            yield pb.ModelChunk(chunk=chunk)
+
+    async def _encoded(self, view: ModelView, dtype: int, codec: int) -> Encoded:
+        # Full models go as float32: a rounded full model would drift from the
+        # global every sync. Deltas are small, so half precision loses little.
+        allowed = ACCEPTED_DELTA_DTYPES if view.is_delta else FULL_MODEL_DTYPES
+        wire_dtype = dtype if dtype in allowed else tpb.DTYPE_FLOAT32
+        wire_codec = codec if codec in CODECS else tpb.CODEC_ZSTD
+        key = (view.session, view.version, view.from_version, wire_dtype, wire_codec)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        # Clients pull a new version all at once: the first encodes, the rest wait for it.
+        pending = self._encoding.get(key)
+        if pending is None:
+            encode = functools.partial(
+                chunk_tensors,
+                view.tensors,
+                dtype=wire_dtype,
+                codec=wire_codec,
+                chunk_bytes=self._chunk_bytes,
+            )
+            pending = asyncio.get_running_loop().run_in_executor(self._encoder, encode)
+            self._encoding[key] = pending
+            pending.add_done_callback(lambda _: self._encoding.pop(key, None))
+        encoded = await asyncio.shield(pending)
+        self._cache.put(key, encoded)
+        return encoded
+
+    def close(self) -> None:
+        """Stop the encoding thread once no call is left."""
+        self._encoder.shutdown(wait=True)
+
+    async def Status(self, request: pb.StatusRequest, context: Context) -> pb.StatusReply:
+        return await self._guard(
+            context, lambda: self._federation.status(request.session, request.max_versions)
+        )
+
+    async def GetVersion(self, request: pb.GetVersionRequest, context: Context) -> pb.VersionNotice:
+        async def call() -> pb.VersionNotice:
+            return self._federation.notice(request.session)
+
+        return await self._guard(context, call)
+
+    async def WatchVersions(
+        self, request: pb.GetVersionRequest, context: Context
+    ) -> AsyncIterator[pb.VersionNotice]:
+        try:
+            session = self._federation.session(request.session)
+        except NotFoundError as exc:
+            await _abort(context, exc)
+            return
+        closing = self._federation.closing
+        sent: tuple[int, int, bool] | None = None
+        while not closing.is_set():
+            changed = session.changed
+            notice = session.notice()
+            key = (notice.current_version, notice.goal.total_episodes, notice.goal.reached)
+            if key != sent:
+                sent = key
+                yield notice
+            await _first_of(changed, closing)
+
+    async def RaiseGoal(self, request: pb.RaiseGoalRequest, context: Context) -> pb.GoalState:
+        async def call() -> pb.GoalState:
+            # The operator may raise a goal without being a participant.
+            if request.participant_id:
+                acting_as(context, request.participant_id)
+            return await self._federation.raise_goal(request.session, request.total_episodes)
+
+        return await self._guard(context, call)
+
+
+def _decode(assembler: TensorListAssembler, chunks: list[tpb.TensorChunk]) -> NamedTensors:
+    for chunk in chunks:
+        assembler.add(chunk)
+    return assembler.result()
+
+
+async def _first(messages: AsyncIterator[T], expected: str) -> T:
+    try:
+        return await anext(messages)
+    except StopAsyncIteration:
+        raise InvalidRequestError(f"empty stream: expected a {expected} first") from None
+
+
+async def _first_of(*events: asyncio.Event) -> None:
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
+def _push_request(header: pb.UpdateHeader, participant_id: str) -> PushRequest:
+    metrics = {
+        name: getattr(header.metrics, name)
+        for name in ("mean_return", "eval_return", "base_eval_return", "loss")
+        if header.metrics.HasField(name)
+    }
+    return PushRequest(
+        session=header.session,
+        participant_id=participant_id,
+        sequence=header.sequence,
+        base_version=header.base_version,
+        env_steps=header.env_steps,
+        episodes=header.episodes,
+        samples=header.samples,
+        spec_hash=header.spec_hash,
+        metrics=metrics,
+    )
+
+
+def _push_reply(result: PushResult) -> pb.PushReply:
+    return pb.PushReply(
+        sequence=result.sequence,
+        duplicate=result.duplicate,
+        current_version=result.current_version,
+        staleness=result.staleness,
+        weight=result.weight,
+        goal=result.goal,
+    )

@@ -1,0 +1,584 @@
+"""The server's global state in SQLite: sessions, participants, versions, acks.
+
+One writer connection, used by one thread at a time (the server runs every
+call on a single-thread executor, so transactions never interleave). WAL mode
+lets `fedrl-server status` read a consistent snapshot while the server writes;
+synchronous=FULL makes each commit durable before it returns, because an ack
+row or a version row promised to a client must survive a power cut.
+
+The acks table is the exactly-once ledger: one row per acknowledged
+(session, participant, sequence) with the answer that was sent, and the
+version it was folded into once applied. Participant and session counters
+move in the same transaction as the ack row, so they can never disagree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import sqlite3
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from google.protobuf import json_format
+
+from fedrl.proto.v1 import federation_pb2 as pb
+from fedrl.proto.v1 import tensor_pb2 as tpb
+
+SCHEMA_VERSION = 1
+
+T = TypeVar("T")
+
+# Other connections write this file too (the experience store's tables); a
+# commit of theirs holds the write lock for milliseconds, so wait, don't fail.
+BUSY_TIMEOUT_S = 30.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    name TEXT PRIMARY KEY,
+    spec BLOB NOT NULL,
+    spec_hash TEXT NOT NULL,
+    env_id TEXT NOT NULL,
+    goal_total INTEGER NOT NULL,
+    episodes_done INTEGER NOT NULL DEFAULT 0,
+    env_steps INTEGER NOT NULL DEFAULT 0,
+    created_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS participants (
+    session TEXT NOT NULL REFERENCES sessions(name),
+    participant_id TEXT NOT NULL,
+    first_seen_ms INTEGER NOT NULL,
+    last_seen_ms INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    episodes INTEGER NOT NULL DEFAULT 0,
+    env_steps INTEGER NOT NULL DEFAULT 0,
+    updates_accepted INTEGER NOT NULL DEFAULT 0,
+    updates_rejected INTEGER NOT NULL DEFAULT 0,
+    updates_duplicate INTEGER NOT NULL DEFAULT 0,
+    best_eval_return REAL,
+    PRIMARY KEY (session, participant_id)
+);
+CREATE TABLE IF NOT EXISTS versions (
+    session TEXT NOT NULL REFERENCES sessions(name),
+    version INTEGER NOT NULL,
+    parent INTEGER NOT NULL,
+    created_ms INTEGER NOT NULL,
+    lsn INTEGER NOT NULL,
+    contributors TEXT NOT NULL,
+    max_staleness INTEGER NOT NULL,
+    mean_return REAL,
+    eval_sum REAL NOT NULL DEFAULT 0,
+    eval_count INTEGER NOT NULL DEFAULT 0,
+    checkpoint TEXT NOT NULL,
+    PRIMARY KEY (session, version)
+);
+CREATE TABLE IF NOT EXISTS acks (
+    session TEXT NOT NULL REFERENCES sessions(name),
+    participant_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    lsn INTEGER NOT NULL,
+    base_version INTEGER NOT NULL,
+    current_version INTEGER NOT NULL,
+    staleness INTEGER NOT NULL,
+    weight REAL NOT NULL,
+    episodes INTEGER NOT NULL,
+    env_steps INTEGER NOT NULL,
+    goal_total INTEGER NOT NULL,
+    goal_done INTEGER NOT NULL,
+    received_ms INTEGER NOT NULL,
+    applied_version INTEGER,
+    PRIMARY KEY (session, participant_id, sequence)
+);
+CREATE INDEX IF NOT EXISTS acks_by_lsn ON acks (session, lsn);
+"""
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    """A session as stored: fixed by its spec, with its goal and progress."""
+
+    name: str
+    spec: tpb.ModelSpec
+    spec_hash: str
+    goal_total: int
+    episodes_done: int
+    env_steps: int
+
+
+@dataclass(frozen=True)
+class AckRow:
+    """An acknowledged update and the answer it got (replayed for duplicates)."""
+
+    session: str
+    participant_id: str
+    sequence: int
+    lsn: int
+    base_version: int
+    current_version: int
+    staleness: int
+    weight: float
+    episodes: int
+    env_steps: int
+    goal_total: int
+    goal_done: int
+    received_ms: int
+    eval_return: float | None = None
+    """The local model's evaluation return, for the participant's best."""
+    base_eval_return: float | None = None
+    """Evaluation return of the base version, credited to that version's row."""
+    applied_version: int | None = None
+    """The version this update was folded into; None while it waits in the buffer."""
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    """A committed global version; `lsn` is the newest update log entry folded in (for the record:
+    recovery goes by the acks' applied_version, because acks reach the buffer out of LSN order)."""
+
+    session: str
+    version: int
+    parent: int
+    created_ms: int
+    lsn: int
+    contributors: tuple[str, ...]
+    max_staleness: int
+    mean_return: float | None
+    checkpoint: str
+
+
+class StateDB:
+    """Typed access to the state database; one instance per server process."""
+
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
+        self.path = path
+        if read_only:
+            if not path.exists():
+                raise FileNotFoundError(f"no state database at {path}")
+            uri = f"{path.resolve().as_uri()}?mode=ro"
+            self._conn = sqlite3.connect(
+                uri, uri=True, check_same_thread=False, timeout=BUSY_TIMEOUT_S
+            )
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(
+                path, check_same_thread=False, isolation_level=None, timeout=BUSY_TIMEOUT_S
+            )
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=FULL")
+            self._conn.executescript(_SCHEMA)
+            self._check_schema_version()
+        self._conn.execute("PRAGMA foreign_keys=ON")
+
+    def close(self) -> None:
+        self._conn.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        # BEGIN IMMEDIATE takes the write lock up front, so a reader never
+        # sees half of a multi-row change and the commit cannot deadlock.
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._conn
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    def _check_schema_version(self) -> None:
+        row = self._conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None:
+            with self._transaction() as db:
+                db.execute(
+                    "INSERT INTO meta (key, value) VALUES ('schema_version', ?)",
+                    (str(SCHEMA_VERSION),),
+                )
+        elif int(row[0]) != SCHEMA_VERSION:
+            raise RuntimeError(
+                f"{self.path} has schema version {row[0]}, this server reads {SCHEMA_VERSION}; "
+                "use a matching fedrl-server or a fresh --data-dir"
+            )
+
+    # Server settings, so `fedrl-server status` can show them without the server.
+
+    def save_session_config(self, config: pb.SessionConfig) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('session_config', ?)",
+                (config.SerializeToString(),),
+            )
+
+    def session_config(self) -> pb.SessionConfig:
+        row = self._conn.execute("SELECT value FROM meta WHERE key='session_config'").fetchone()
+        return pb.SessionConfig.FromString(row[0]) if row else pb.SessionConfig()
+
+    # Sessions.
+
+    def sessions(self) -> list[SessionRow]:
+        rows = self._conn.execute(
+            "SELECT name, spec, spec_hash, goal_total, episodes_done, env_steps "
+            "FROM sessions ORDER BY name"
+        ).fetchall()
+        return [
+            SessionRow(name, tpb.ModelSpec.FromString(spec), spec_hash, goal, done, steps)
+            for name, spec, spec_hash, goal, done, steps in rows
+        ]
+
+    def create_session(
+        self, name: str, spec: tpb.ModelSpec, spec_hash: str, goal_total: int, now_ms: int
+    ) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO sessions (name, spec, spec_hash, env_id, goal_total, created_ms) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (name, spec.SerializeToString(), spec_hash, spec.env_id, goal_total, now_ms),
+            )
+
+    def set_goal(self, session: str, goal_total: int) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE sessions SET goal_total=? WHERE name=?", (goal_total, session))
+
+    # Participants.
+
+    def touch_participant(
+        self, session: str, participant_id: str, status: str, now_ms: int
+    ) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO participants "
+                "(session, participant_id, first_seen_ms, last_seen_ms, status) "
+                "VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (session, participant_id) "
+                "DO UPDATE SET last_seen_ms=excluded.last_seen_ms, status=excluded.status",
+                (session, participant_id, now_ms, now_ms, status),
+            )
+
+    def is_participant(self, session: str, participant_id: str) -> bool:
+        row = self._conn.execute(
+            "SELECT 1 FROM participants WHERE session=? AND participant_id=?",
+            (session, participant_id),
+        ).fetchone()
+        return row is not None
+
+    def participant_statuses(self, session: str) -> dict[str, str]:
+        """Every participant that ever joined the session, with "active" or "left"."""
+        rows = self._conn.execute(
+            "SELECT participant_id, status FROM participants WHERE session=?", (session,)
+        ).fetchall()
+        return dict(rows)
+
+    def count_rejection(self, session: str, participant_id: str, now_ms: int) -> None:
+        self._bump(session, participant_id, "updates_rejected", now_ms)
+
+    def count_duplicate(self, session: str, participant_id: str, now_ms: int) -> None:
+        self._bump(session, participant_id, "updates_duplicate", now_ms)
+
+    def _bump(self, session: str, participant_id: str, column: str, now_ms: int) -> None:
+        with self._transaction() as db:
+            db.execute(
+                f"UPDATE participants SET {column}={column}+1, last_seen_ms=? "
+                "WHERE session=? AND participant_id=?",
+                (now_ms, session, participant_id),
+            )
+
+    # The exactly-once ledger.
+
+    def last_sequences(self, session: str) -> dict[str, int]:
+        rows = self._conn.execute(
+            "SELECT participant_id, MAX(sequence) FROM acks WHERE session=? "
+            "GROUP BY participant_id",
+            (session,),
+        ).fetchall()
+        return {pid: int(seq) for pid, seq in rows}
+
+    def find_ack(self, session: str, participant_id: str, sequence: int) -> AckRow | None:
+        row = self._conn.execute(
+            "SELECT lsn, base_version, current_version, staleness, weight, episodes, env_steps, "
+            "goal_total, goal_done, received_ms, applied_version FROM acks "
+            "WHERE session=? AND participant_id=? AND sequence=?",
+            (session, participant_id, sequence),
+        ).fetchone()
+        if row is None:
+            return None
+        lsn, base, current, staleness, weight, episodes, steps, total, done, received, applied = row
+        return AckRow(
+            session=session,
+            participant_id=participant_id,
+            sequence=sequence,
+            lsn=lsn,
+            base_version=base,
+            current_version=current,
+            staleness=staleness,
+            weight=weight,
+            episodes=episodes,
+            env_steps=steps,
+            goal_total=total,
+            goal_done=done,
+            received_ms=received,
+            applied_version=applied,
+        )
+
+    def oldest_unapplied_lsn(self, session: str) -> int | None:
+        """LSN of the oldest acknowledged update not yet in a version (the log must keep it)."""
+        row = self._conn.execute(
+            "SELECT MIN(lsn) FROM acks WHERE session=? AND applied_version IS NULL", (session,)
+        ).fetchone()
+        return int(row[0]) if row and row[0] is not None else None
+
+    def record_ack(self, ack: AckRow) -> AckRow | None:
+        """Store an ack and move the counters with it; None if it was already there.
+
+        Returns the row as stored: its goal fields are the session's totals
+        right after this update counted, whatever the caller guessed, because
+        concurrent pushes cannot know each other's episodes.
+        """
+        with self._transaction() as db:
+            inserted = db.execute(
+                "INSERT OR IGNORE INTO acks (session, participant_id, sequence, lsn, base_version, "
+                "current_version, staleness, weight, episodes, env_steps, goal_total, goal_done, "
+                "received_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    ack.session,
+                    ack.participant_id,
+                    ack.sequence,
+                    ack.lsn,
+                    ack.base_version,
+                    ack.current_version,
+                    ack.staleness,
+                    ack.weight,
+                    ack.episodes,
+                    ack.env_steps,
+                    ack.goal_total,
+                    ack.goal_done,
+                    ack.received_ms,
+                ),
+            ).rowcount
+            if not inserted:
+                return None
+            db.execute(
+                "UPDATE participants SET episodes=episodes+?, env_steps=env_steps+?, "
+                "updates_accepted=updates_accepted+1, last_seen_ms=MAX(last_seen_ms, ?), "
+                "best_eval_return=CASE WHEN ? IS NULL THEN best_eval_return "
+                "WHEN best_eval_return IS NULL OR ? > best_eval_return THEN ? "
+                "ELSE best_eval_return END "
+                "WHERE session=? AND participant_id=?",
+                (
+                    ack.episodes,
+                    ack.env_steps,
+                    ack.received_ms,
+                    ack.eval_return,
+                    ack.eval_return,
+                    ack.eval_return,
+                    ack.session,
+                    ack.participant_id,
+                ),
+            )
+            db.execute(
+                "UPDATE sessions SET episodes_done=episodes_done+?, env_steps=env_steps+? "
+                "WHERE name=?",
+                (ack.episodes, ack.env_steps, ack.session),
+            )
+            if ack.base_eval_return is not None:
+                db.execute(
+                    "UPDATE versions SET eval_sum=eval_sum+?, eval_count=eval_count+1 "
+                    "WHERE session=? AND version=?",
+                    (ack.base_eval_return, ack.session, ack.base_version),
+                )
+            total, done = db.execute(
+                "SELECT goal_total, episodes_done FROM sessions WHERE name=?", (ack.session,)
+            ).fetchone()
+            db.execute(
+                "UPDATE acks SET goal_total=?, goal_done=? "
+                "WHERE session=? AND participant_id=? AND sequence=?",
+                (total, done, ack.session, ack.participant_id, ack.sequence),
+            )
+            return dataclasses.replace(ack, goal_total=total, goal_done=done)
+
+    # Versions.
+
+    def commit_version(self, row: VersionRow, applied: Iterable[tuple[str, int]]) -> None:
+        """Make a version visible and mark the acks folded into it, atomically."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO versions (session, version, parent, created_ms, lsn, contributors, "
+                "max_staleness, mean_return, checkpoint) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    row.session,
+                    row.version,
+                    row.parent,
+                    row.created_ms,
+                    row.lsn,
+                    json.dumps(list(row.contributors), ensure_ascii=False),
+                    row.max_staleness,
+                    row.mean_return,
+                    row.checkpoint,
+                ),
+            )
+            db.executemany(
+                "UPDATE acks SET applied_version=? "
+                "WHERE session=? AND participant_id=? AND sequence=?",
+                [(row.version, row.session, pid, seq) for pid, seq in applied],
+            )
+
+    def latest_version(self, session: str) -> VersionRow | None:
+        rows = self._version_rows(session, limit=1)
+        return rows[0] if rows else None
+
+    def best_version(self, session: str) -> tuple[int, float] | None:
+        """The version with the highest mean evaluation return reported against it."""
+        row = self._conn.execute(
+            "SELECT version, eval_sum / eval_count FROM versions "
+            "WHERE session=? AND eval_count > 0 ORDER BY eval_sum / eval_count DESC, version DESC "
+            "LIMIT 1",
+            (session,),
+        ).fetchone()
+        return (int(row[0]), float(row[1])) if row else None
+
+    def mark_pruned(self, session: str, versions: Sequence[int]) -> None:
+        with self._transaction() as db:
+            db.executemany(
+                "UPDATE versions SET checkpoint='' WHERE session=? AND version=?",
+                [(session, v) for v in versions],
+            )
+
+    def _version_rows(self, session: str, *, limit: int) -> list[VersionRow]:
+        rows = self._conn.execute(
+            "SELECT version, parent, created_ms, lsn, contributors, max_staleness, mean_return, "
+            "checkpoint FROM versions WHERE session=? ORDER BY version DESC LIMIT ?",
+            (session, limit),
+        ).fetchall()
+        return [
+            VersionRow(session, v, parent, ms, lsn, tuple(json.loads(c)), stale, mean, ckpt)
+            for v, parent, ms, lsn, c, stale, mean, ckpt in rows
+        ]
+
+    # The status view, shared by the Status RPC, global_state.json and the CLI.
+
+    def status(self, session: str | None, max_versions: int, now_ms: int) -> pb.StatusReply:
+        reply = pb.StatusReply(server_time_unix_ms=now_ms)
+        config = self.session_config()
+        for row in self.sessions():
+            if session and row.name != session:
+                continue
+            reply.sessions.append(self._session_state(row, max_versions, config))
+        return reply
+
+    def _session_state(
+        self, row: SessionRow, max_versions: int, config: pb.SessionConfig
+    ) -> pb.SessionState:
+        latest = self.latest_version(row.name)
+        state = pb.SessionState(
+            session=row.name,
+            spec_hash=row.spec_hash,
+            env_id=row.spec.env_id,
+            goal=goal_state(row.goal_total, row.episodes_done),
+            env_steps=row.env_steps,
+            current_version=latest.version if latest else -1,
+            best_version=-1,
+            config=config,
+        )
+        best = self.best_version(row.name)
+        if best is not None:
+            state.best_version, state.best_eval_return = best
+        participants = self._conn.execute(
+            "SELECT participant_id, first_seen_ms, last_seen_ms, status, episodes, env_steps, "
+            "updates_accepted, updates_rejected, updates_duplicate, best_eval_return "
+            "FROM participants WHERE session=? ORDER BY first_seen_ms, participant_id",
+            (row.name,),
+        ).fetchall()
+        for pid, first, last, status, eps, steps, acc, rej, dup, best_eval in participants:
+            item = state.participants.add(
+                participant_id=pid,
+                first_seen_unix_ms=first,
+                last_seen_unix_ms=last,
+                status=status,
+                episodes=eps,
+                env_steps=steps,
+                updates_accepted=acc,
+                updates_rejected=rej,
+                updates_duplicate=dup,
+            )
+            if best_eval is not None:
+                item.best_eval_return = best_eval
+            state.active_participants += status == "active"
+        evals = dict(
+            self._conn.execute(
+                "SELECT version, eval_sum / eval_count FROM versions "
+                "WHERE session=? AND eval_count > 0",
+                (row.name,),
+            ).fetchall()
+        )
+        for version in self._version_rows(row.name, limit=max_versions):
+            listed = state.versions.add(
+                version=version.version,
+                parent=version.parent,
+                created_unix_ms=version.created_ms,
+                contributors=list(version.contributors),
+                max_staleness=version.max_staleness,
+                checkpoint=version.checkpoint,
+            )
+            if version.mean_return is not None:
+                listed.mean_return = version.mean_return
+            if version.version in evals:
+                listed.eval_return = evals[version.version]
+            if version.version == state.best_version:
+                state.best_checkpoint = version.checkpoint
+        if state.best_version >= 0 and not state.best_checkpoint:
+            found = self._conn.execute(
+                "SELECT checkpoint FROM versions WHERE session=? AND version=?",
+                (row.name, state.best_version),
+            ).fetchone()
+            state.best_checkpoint = found[0] if found else ""
+        return state
+
+
+def goal_state(total: int, done: int) -> pb.GoalState:
+    return pb.GoalState(total_episodes=total, episodes_done=done, reached=done >= total)
+
+
+def write_json_atomically(path: Path, reply: pb.StatusReply) -> None:
+    """Replace `path` with the status as JSON; readers see the old or the new file, never half."""
+    # Field names as in the .proto and zeros spelled out: people read this file.
+    text = json_format.MessageToJson(
+        reply,
+        ensure_ascii=False,
+        indent=2,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+        unquote_int64_if_possible=True,
+    )
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class DbRunner:
+    """Runs StateDB calls on one dedicated thread, so the event loop never blocks on fsync."""
+
+    def __init__(self, db: StateDB) -> None:
+        self.db = db
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedrl-db")
+
+    async def __call__(self, call: Callable[[StateDB], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call, self.db)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        self.db.close()

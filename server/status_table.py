@@ -1,0 +1,133 @@
+"""A StatusReply as aligned text tables, for terminals and `cat`.
+
+Column widths count display cells, not code points: CJK characters take two
+cells and combining marks none, so a table of ids such as `Макар` or `小明`
+lines up in a terminal.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import unicodedata
+from collections.abc import Sequence
+
+from fedrl.proto.v1 import federation_pb2 as pb
+
+
+def display_width(text: str) -> int:
+    """Terminal cells `text` occupies."""
+    width = 0
+    for char in text:
+        if unicodedata.combining(char) or unicodedata.category(char) in ("Mn", "Me", "Cf"):
+            continue
+        width += 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+    return width
+
+
+def pad(text: str, width: int, *, right: bool = False) -> str:
+    fill = " " * max(0, width - display_width(text))
+    return fill + text if right else text + fill
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, numeric: set[int]) -> str:
+    """Rows under headers, columns separated by two spaces; `numeric` columns align right."""
+    widths = [display_width(h) for h in headers]
+    for row in rows:
+        widths = [max(w, display_width(cell)) for w, cell in zip(widths, row, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            pad(cell, width, right=index in numeric)
+            for index, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def render_status(reply: pb.StatusReply) -> str:
+    """Every session of the reply: a summary, its participants and its newest versions."""
+    if not reply.sessions:
+        return "no sessions yet: the first participant's Join creates one"
+    return "\n\n".join(render_session(session) for session in reply.sessions)
+
+
+def render_session(state: pb.SessionState) -> str:
+    goal = state.goal
+    progress = f"{goal.episodes_done}/{goal.total_episodes} episodes"
+    if goal.reached:
+        progress += " (goal reached)"
+    best = "none yet"
+    if state.HasField("best_eval_return"):
+        best = f"{state.best_eval_return:.2f} at version {state.best_version}"
+    summary = [
+        f"session {state.session}  ({state.env_id or 'no env'}, spec {state.spec_hash[:12]})",
+        f"  goal      {progress}",
+        f"  version   {state.current_version}   env steps {state.env_steps}",
+        f"  best eval {best}",
+        f"  active    {state.active_participants} of {len(state.participants)} participants",
+    ]
+    participants = table(
+        [
+            "participant",
+            "status",
+            "episodes",
+            "env steps",
+            "updates",
+            "rejected",
+            "repeats",
+            "best eval",
+            "last seen",
+        ],
+        [
+            [
+                p.participant_id,
+                p.status,
+                str(p.episodes),
+                str(p.env_steps),
+                str(p.updates_accepted),
+                str(p.updates_rejected),
+                str(p.updates_duplicate),
+                _optional(p, "best_eval_return"),
+                _time(p.last_seen_unix_ms),
+            ]
+            for p in state.participants
+        ],
+        numeric={2, 3, 4, 5, 6, 7},
+    )
+    versions = table(
+        [
+            "version",
+            "parent",
+            "created",
+            "stale",
+            "mean ret",
+            "eval ret",
+            "contributors",
+            "checkpoint",
+        ],
+        [
+            [
+                str(v.version),
+                str(v.parent),
+                _time(v.created_unix_ms),
+                str(v.max_staleness),
+                _optional(v, "mean_return"),
+                _optional(v, "eval_return"),
+                ", ".join(v.contributors) or "-",
+                v.checkpoint or "(pruned)",
+            ]
+            for v in state.versions
+        ],
+        numeric={0, 1, 3, 4, 5},
+    )
+    return "\n".join(summary) + "\n\n" + participants + "\n\n" + versions
+
+
+def _optional(message: pb.ParticipantState | pb.VersionState, name: str) -> str:
+    return f"{getattr(message, name):.2f}" if message.HasField(name) else "-"
+
+
+def _time(unix_ms: int) -> str:
+    if unix_ms <= 0:
+        return "-"
+    return dt.datetime.fromtimestamp(unix_ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")

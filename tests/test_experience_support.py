@@ -1,0 +1,139 @@
+"""Shared pieces of the experience tests: a CartPole-like spec, valid batches, a real server.
+
+No tests here; the test_experience_* modules import these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+from server_harness import channel, server_config
+
+from fedrl.common.experience import ExperienceBatch
+from fedrl.common.spec import spec_hash
+from fedrl.proto.v1 import experience_pb2_grpc as pb_grpc
+from fedrl.proto.v1 import federation_pb2_grpc as fed_grpc
+from fedrl.proto.v1 import tensor_pb2 as tpb
+from fedrl.server.app import RunningServer, run_server
+from fedrl.server.experience_service import ExperienceConfig, ExperienceExchange, experience_service
+from fedrl.server.experience_store import StoreConfig
+from fedrl.server.experience_validation import ValidationLimits
+
+OBS_SHAPE = (4,)
+ACTIONS = 2
+GAMMA = 0.99
+
+
+def cartpole_spec() -> tpb.ModelSpec:
+    """A session spec with CartPole's spaces (Box(4) float32, Discrete(2))."""
+    high = [4.8, float("inf"), 0.418, float("inf")]
+    return tpb.ModelSpec(
+        tensors=[tpb.TensorSpec(name="t0", dtype=tpb.DTYPE_FLOAT32, shape=[4, 2])],
+        env_id="CartPole-v1",
+        observation_space=tpb.SpaceSpec(
+            kind=tpb.SPACE_KIND_BOX,
+            shape=list(OBS_SHAPE),
+            dtype=tpb.DTYPE_FLOAT32,
+            low=[-h for h in high],
+            high=high,
+        ),
+        action_space=tpb.SpaceSpec(kind=tpb.SPACE_KIND_DISCRETE, n=ACTIONS, dtype=tpb.DTYPE_INT64),
+        algorithm="dqn/test-mlp",
+    )
+
+
+SPEC_HASH = spec_hash(cartpole_spec())
+
+
+def make_batch(
+    rows: int, *, seed: int = 0, n_step: int = 1, gamma: float = GAMMA, spec: str = SPEC_HASH
+) -> ExperienceBatch:
+    """rows valid transitions: trajectories where next_obs[i] is obs[i + 1] within an episode."""
+    rng = np.random.default_rng(seed)
+    states = rng.normal(0.0, 0.5, size=(rows + 1, *OBS_SHAPE)).astype(np.float32)
+    terminated = rng.random(rows) < 0.05
+    truncated = ~terminated & (rng.random(rows) < 0.01)
+    steps = rng.integers(1, n_step + 1, size=rows)
+    discount = np.where(terminated, 0.0, gamma**steps).astype(np.float32)
+    return ExperienceBatch(
+        obs=states[:-1],
+        action=rng.integers(0, ACTIONS, size=rows).astype(np.int64),
+        reward=rng.normal(1.0, 0.1, size=rows).astype(np.float32),
+        next_obs=states[1:],
+        discount=discount,
+        terminated=terminated,
+        truncated=truncated,
+        n_step=n_step,
+        gamma=gamma,
+        env_spec_hash=spec,
+    )
+
+
+def assert_same_batch(got: ExperienceBatch, expected: ExperienceBatch) -> None:
+    """Every column equal in value and dtype, and the same metadata."""
+    for name, column in expected.columns():
+        np.testing.assert_array_equal(getattr(got, name), column, err_msg=name)
+        assert getattr(got, name).dtype == column.dtype, name
+    assert (got.n_step, got.gamma, got.env_spec_hash) == (
+        expected.n_step,
+        expected.gamma,
+        expected.env_spec_hash,
+    )
+
+
+T = TypeVar("T")
+CONFIG = ExperienceConfig(
+    store=StoreConfig(max_bytes=8 << 20, participant_quota_bytes=4 << 20),
+    validation=ValidationLimits(max_transitions=5000, reward_bound=50.0),
+    chunk_bytes=16 << 10,
+)
+
+
+class Server:
+    """A real server with the experience service, on its own event loop thread."""
+
+    def __init__(self, data_dir: Path, config: ExperienceConfig = CONFIG) -> None:
+        self.data_dir = data_dir
+        self.config = config
+        self.port = 0
+        self._channels: list[grpc.Channel] = []
+        self._running: RunningServer | None = None
+        self._exchange: ExperienceExchange | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    def start(self) -> Server:
+        self._thread.start()
+        registration, self._exchange = experience_service(self.data_dir, self.config)
+        self._running, self.port = self._call(
+            run_server(server_config(self.data_dir), extra_services=[registration])
+        )
+        return self
+
+    def stop(self) -> None:
+        for opened in self._channels:
+            opened.close()
+        if self._running is not None and self._exchange is not None:
+            self._call(self._running.stop(1.0))
+            self._call(self._exchange.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        self._loop.close()
+
+    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(60)
+
+    def stubs(self) -> tuple[fed_grpc.FederationStub, pb_grpc.ExperienceExchangeStub]:
+        opened = channel(f"127.0.0.1:{self.port}")
+        self._channels.append(opened)
+        return fed_grpc.FederationStub(opened), pb_grpc.ExperienceExchangeStub(opened)  # type: ignore[no-untyped-call]
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"

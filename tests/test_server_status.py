@@ -1,0 +1,129 @@
+"""Status tables, `fedrl-server status` while serving, and the CLI <-> ServerConfig mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from server_harness import (
+    InProcessServer,
+    ServerProcess,
+    channel,
+    join,
+    make_spec,
+    push,
+    seed,
+    server_config,
+)
+
+from fedrl.proto.v1 import federation_pb2 as pb
+from fedrl.server.app import InsecureAddressError, run_server
+from fedrl.server.cli import main, option_name, serve_command
+from fedrl.server.config import ServerConfig
+from fedrl.server.status_table import display_width, render_status
+
+SPEC = make_spec([(4,)])
+
+
+def test_table_columns_line_up_for_cyrillic_and_wide_ids() -> None:
+    reply = pb.StatusReply(
+        sessions=[
+            pb.SessionState(
+                session="default",
+                current_version=3,
+                participants=[
+                    pb.ParticipantState(participant_id=pid, status="active", episodes=episodes)
+                    for pid, episodes in (("Макар", 5), ("小明", 12), ("bob", 100))
+                ],
+            )
+        ]
+    )
+
+    text = render_status(reply)
+
+    rows = [line for line in text.splitlines() if line.startswith(("Макар", "小明", "bob"))]
+    status_columns = [display_width(row[: row.index("active")]) for row in rows]
+    assert len(rows) == 3
+    assert len(set(status_columns)) == 1
+
+
+def test_display_width_counts_terminal_cells() -> None:
+    assert display_width("Макар") == 5
+    assert display_width("小明") == 4
+    assert display_width("e\u0301") == 1  # e + combining acute accent
+
+
+def test_status_command_reads_the_database_while_the_server_runs(tmp_path: Path) -> None:
+    config = server_config(tmp_path / "data", buffer_size=1)
+    with InProcessServer(config) as server:
+        stub = server.stub()
+        join(stub, "Макар", SPEC)
+        seed(stub, "Макар", SPEC, [np.zeros(4, np.float32)])
+        push(stub, "Макар", SPEC, [np.ones(4, np.float32)], sequence=1, base_version=0, episodes=4)
+
+        result = CliRunner().invoke(main, ["status", "--data-dir", str(config.data_dir)])
+
+    assert result.exit_code == 0, result.output
+    assert "Макар" in result.output
+    assert "4/1000 episodes" in result.output
+
+
+def test_status_command_without_a_data_dir_says_where_it_looked(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["status", "--data-dir", str(tmp_path / "none")])
+
+    assert result.exit_code != 0
+    assert "no server state" in result.output
+
+
+def test_every_config_field_has_exactly_one_serve_option_with_its_default() -> None:
+    options = {
+        param.name: param
+        for param in serve_command.params
+        if param.name != "log_level"  # a process setting, not a server knob
+    }
+    fields = {f.name: f for f in dataclasses.fields(ServerConfig)}
+
+    assert set(options) == set(fields)
+    for name, param in options.items():
+        assert param.opts == [option_name(name)]
+        assert param.default == getattr(ServerConfig(), name)
+        assert param.help, f"option for {name} has no help"
+
+
+def test_config_refuses_a_bad_setting_with_the_field_name() -> None:
+    with pytest.raises(ValueError, match="buffer_size"):
+        ServerConfig(buffer_size=0)
+    with pytest.raises(ValueError, match="strategy"):
+        ServerConfig(strategy="mode")
+
+
+def test_plaintext_on_a_non_loopback_address_is_refused(tmp_path: Path) -> None:
+    config = server_config(tmp_path / "data", host="0.0.0.0")
+
+    with pytest.raises(InsecureAddressError, match=r"0\.0\.0\.0"):
+        asyncio.run(run_server(config))
+
+
+def test_serve_command_reports_a_refused_address_as_a_usage_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        main, ["serve", "--host", "192.0.2.1", "--data-dir", str(tmp_path / "data")]
+    )
+
+    assert result.exit_code == 2
+    assert "refusing to serve plaintext" in result.output
+
+
+def test_served_process_offers_federation_and_experience_exchange(tmp_path: Path) -> None:
+    with ServerProcess(tmp_path / "data") as server, channel(server.address) as opened:
+        check = health_pb2_grpc.HealthStub(opened).Check
+        statuses = {
+            name: check(health_pb2.HealthCheckRequest(service=name), timeout=30).status
+            for name in ("fedrl.v1.Federation", "fedrl.v1.ExperienceExchange")
+        }
+
+    assert set(statuses.values()) == {health_pb2.HealthCheckResponse.SERVING}
