@@ -1,0 +1,112 @@
+"""The Q-network, and its weights as the named numpy arrays the federation exchanges."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class QNetwork(nn.Module):
+    """An MLP from a flattened observation to one Q-value per action.
+
+    With ``dueling`` the last hidden layer feeds two linear heads, a state value
+    V(s) and advantages A(s, a), joined as Q = V + A - mean_a A (Wang et al.
+    2016, eq. 9): subtracting the mean makes V and A identifiable, so the value
+    head learns from every transition, not only from the action taken.
+    """
+
+    def __init__(
+        self, obs_dim: int, n_actions: int, *, hidden: Sequence[int], dueling: bool
+    ) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = obs_dim
+        for size in hidden:
+            layers += [nn.Linear(width, size), nn.ReLU()]
+            width = size
+        self.torso = nn.Sequential(*layers)
+        self.dueling = dueling
+        if dueling:
+            self.value = nn.Linear(width, 1)
+            self.advantage = nn.Linear(width, n_actions)
+        else:
+            self.head = nn.Linear(width, n_actions)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        features = self.torso(obs.flatten(1))
+        q: torch.Tensor
+        if self.dueling:
+            advantage = self.advantage(features)
+            q = self.value(features) + advantage - advantage.mean(dim=1, keepdim=True)
+        else:
+            q = self.head(features)
+        return q
+
+
+def build_q_network(
+    obs_shape: tuple[int, ...],
+    n_actions: int,
+    *,
+    hidden: tuple[int, ...] = (256, 256),
+    dueling: bool = True,
+) -> nn.Module:
+    """A fresh Q-network: float32 [B, *obs_shape] -> Q-values [B, n_actions]."""
+    if not obs_shape or any(d <= 0 for d in obs_shape):
+        raise ValueError(f"obs_shape must be a non-empty tuple of positive sizes, got {obs_shape}")
+    if n_actions < 1:
+        raise ValueError(f"n_actions must be at least 1, got {n_actions}")
+    if any(h <= 0 for h in hidden):
+        raise ValueError(f"hidden layer sizes must be positive, got {hidden}")
+    return QNetwork(math.prod(obs_shape), n_actions, hidden=hidden, dueling=dueling)
+
+
+def architecture_name(hidden: tuple[int, ...], dueling: bool) -> str:
+    """The ModelSpec.algorithm string, e.g. "dqn/dueling-mlp-256x256".
+
+    Two participants whose networks differ in shape must never share a session,
+    and this name is part of the spec hash that enforces it.
+    """
+    kind = "dueling-mlp" if dueling else "mlp"
+    return f"dqn/{kind}-{'x'.join(str(h) for h in hidden) or 'linear'}"
+
+
+def named_arrays(module: nn.Module) -> list[tuple[str, np.ndarray]]:
+    """Float32 CPU copies of the parameters, in ``named_parameters()`` order.
+
+    Copies, so the caller may keep them while training goes on. These names and
+    shapes are the federated model's tensors.
+    """
+    return [
+        (name, param.detach().to("cpu", torch.float32).numpy().copy())
+        for name, param in module.named_parameters()
+    ]
+
+
+def load_named_arrays(module: nn.Module, arrays: Sequence[tuple[str, np.ndarray]]) -> None:
+    """Copy arrays into the module's parameters in place.
+
+    Strict: the names, their order and every shape must match exactly, because
+    a silently partial load would train a different model than the session's.
+    Checked in full before anything is written, so a bad list changes nothing.
+    """
+    params = list(module.named_parameters())
+    if len(arrays) != len(params):
+        raise ValueError(f"expected {len(params)} tensors, got {len(arrays)}")
+    for index, ((name, param), (got_name, array)) in enumerate(zip(params, arrays, strict=True)):
+        if got_name != name:
+            raise ValueError(f"tensor {index} is named {got_name!r}, expected {name!r}")
+        if tuple(array.shape) != tuple(param.shape):
+            raise ValueError(
+                f"tensor {name!r} has shape {tuple(array.shape)}, expected {tuple(param.shape)}"
+            )
+        if not np.issubdtype(array.dtype, np.floating):
+            raise ValueError(f"tensor {name!r} has dtype {array.dtype}, expected a float type")
+        if not np.all(np.isfinite(array)):
+            raise ValueError(f"tensor {name!r} holds a NaN or infinite value")
+    with torch.no_grad():
+        for (_, param), (_, array) in zip(params, arrays, strict=True):
+            param.copy_(torch.from_numpy(np.asarray(array, dtype=np.float32)))

@@ -1,0 +1,226 @@
+"""Experience replay: a preallocated ring buffer with proportional prioritized sampling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from fedrl.client.transitions import TransitionBatch
+
+
+@dataclass(frozen=True)
+class SampledBatch:
+    """A training batch and what the learner needs to write priorities back."""
+
+    batch: TransitionBatch
+    """The sampled transitions."""
+    indices: np.ndarray
+    """int64 [B]: buffer slots, to pass back to ``update_priorities``."""
+    weights: np.ndarray
+    """float32 [B]: importance-sampling weights, the largest is 1."""
+    foreign: np.ndarray
+    """bool [B]: True where the transition came from another participant."""
+
+
+class Replay(Protocol):
+    """What the learner needs of a replay: a PrioritizedReplay, or a mix of several."""
+
+    def __len__(self) -> int: ...
+
+    def add(self, batch: TransitionBatch, *, foreign: bool = False) -> None: ...
+
+    def sample(self, batch_size: int, beta: float) -> SampledBatch: ...
+
+    def update_priorities(self, indices: np.ndarray, td_abs: np.ndarray) -> None: ...
+
+
+class SumTree:
+    """A binary tree whose every node holds the sum of its two children.
+
+    Leaves hold priorities; drawing a uniform number in [0, total) and walking
+    down picks leaf i with probability p_i / total in O(log n). Both walks move
+    a whole batch down one level per handful of numpy operations, so a batch
+    of 512 costs ~log2(capacity) vectorised steps rather than 512 Python loops.
+    Node 1 is the root, node n's children are 2n and 2n + 1.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._depth = max(1, (capacity - 1).bit_length())
+        self._leaves = 1 << self._depth
+        # float64: sums of ~10^6 float32-sized priorities would lose the small ones.
+        self._nodes = np.zeros(2 * self._leaves, dtype=np.float64)
+
+    @property
+    def total(self) -> float:
+        return float(self._nodes[1])
+
+    def get(self, slots: np.ndarray) -> np.ndarray:
+        leaves: np.ndarray = self._nodes[slots + self._leaves]
+        return leaves
+
+    def set(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        """Set leaves, then recompute their ancestors level by level."""
+        tree = self._nodes
+        nodes = slots + self._leaves
+        # A slot given twice keeps one of its values; re-reading the level
+        # below keeps every parent equal to the sum of what its children hold.
+        tree[nodes] = priorities
+        for _ in range(self._depth):
+            sums = tree[nodes] + tree[nodes ^ 1]
+            nodes >>= 1
+            tree[nodes] = sums
+
+    def find(self, targets: np.ndarray) -> np.ndarray:
+        """The leaf slot whose cumulative-priority interval holds each target.
+
+        Targets must lie in [0, total). Float rounding can carry a target
+        from the end of one leaf's interval just into the next leaf, which is
+        harmless between written leaves; a caller whose written leaves are a
+        prefix clamps the result to that prefix.
+        """
+        tree = self._nodes
+        targets = targets.copy()
+        nodes = np.ones(targets.shape[0], dtype=np.int64)
+        for _ in range(self._depth):
+            nodes <<= 1
+            left = tree[nodes]
+            go_right = targets >= left
+            targets -= left * go_right
+            nodes += go_right
+        slots: np.ndarray = nodes - self._leaves
+        return slots
+
+
+class PrioritizedReplay:
+    """A fixed-capacity FIFO of transitions, sampled by priority or uniformly.
+
+    Proportional prioritization (Schaul et al. 2016): slot i is drawn with
+    probability p_i^alpha / sum_j p_j^alpha where p_i = |TD error| + eps, and
+    corrected with importance weights (N * P(i))^-beta, divided by the batch's
+    largest so they only ever scale updates down. New transitions get the
+    highest priority seen so far, so each is replayed at least once soon.
+
+    Not thread-safe: one owner adds, samples and updates.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        obs_shape: tuple[int, ...],
+        *,
+        prioritized: bool = True,
+        alpha: float = 0.6,
+        eps: float = 1e-6,
+        seed: int,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"replay capacity must be at least 1, got {capacity}")
+        if alpha < 0.0:
+            raise ValueError(f"alpha must be >= 0, got {alpha}")
+        if eps <= 0.0:
+            raise ValueError(f"eps must be > 0 so no transition becomes unreachable, got {eps}")
+        self._capacity = capacity
+        self.obs_shape = tuple(obs_shape)
+        self.prioritized = prioritized
+        self._alpha = alpha
+        self._eps = eps
+        self._rng = np.random.default_rng(seed)
+        self._obs = np.zeros((capacity, *self.obs_shape), dtype=np.float32)
+        self._next_obs = np.zeros((capacity, *self.obs_shape), dtype=np.float32)
+        self._action = np.zeros(capacity, dtype=np.int64)
+        self._reward = np.zeros(capacity, dtype=np.float32)
+        self._discount = np.zeros(capacity, dtype=np.float32)
+        self._foreign = np.zeros(capacity, dtype=bool)
+        self._tree = SumTree(capacity) if prioritized else None
+        # In p^alpha space: what a new transition gets.
+        self._max_priority = 1.0
+        self._next = 0
+        self._size = 0
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def __len__(self) -> int:
+        return self._size
+
+    def add(self, batch: TransitionBatch, *, foreign: bool = False) -> None:
+        """Append a batch, overwriting the oldest transitions once full."""
+        batch.validate(self.obs_shape)
+        count = len(batch)
+        if count == 0:
+            return
+        # A batch larger than the buffer: only its newest `capacity` rows survive.
+        skip = max(0, count - self._capacity)
+        slots = (self._next + skip + np.arange(count - skip)) % self._capacity
+        self._obs[slots] = batch.obs[skip:]
+        self._next_obs[slots] = batch.next_obs[skip:]
+        self._action[slots] = batch.action[skip:]
+        self._reward[slots] = batch.reward[skip:]
+        self._discount[slots] = batch.discount[skip:]
+        self._foreign[slots] = foreign
+        if self._tree is not None:
+            self._tree.set(slots, np.full(slots.shape[0], self._max_priority))
+        self._next = int((self._next + count) % self._capacity)
+        self._size = min(self._capacity, self._size + count)
+
+    def sample(self, batch_size: int, beta: float) -> SampledBatch:
+        """Draw batch_size transitions (with replacement) and their weights."""
+        if self._size == 0:
+            raise ValueError("cannot sample from an empty replay buffer")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if self._tree is None:
+            slots = self._rng.integers(0, self._size, size=batch_size)
+            weights = np.ones(batch_size, dtype=np.float32)
+        else:
+            slots, weights = self._sample_prioritized(self._tree, batch_size, beta)
+        return SampledBatch(
+            batch=TransitionBatch(
+                obs=self._obs[slots],
+                action=self._action[slots],
+                reward=self._reward[slots],
+                next_obs=self._next_obs[slots],
+                discount=self._discount[slots],
+            ),
+            indices=slots.astype(np.int64, copy=False),
+            weights=weights,
+            foreign=self._foreign[slots],
+        )
+
+    def _sample_prioritized(
+        self, tree: SumTree, batch_size: int, beta: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        # Stratified: one draw in each of batch_size equal slices of the total
+        # mass, which lowers the variance of the batch against independent draws.
+        total = tree.total
+        targets = (np.arange(batch_size) + self._rng.random(batch_size)) * (total / batch_size)
+        # Slots fill from 0 and never empty, so unwritten (zero) leaves are all
+        # at or past size: clamping undoes a rounding step over that edge.
+        slots = np.minimum(tree.find(targets), self._size - 1)
+        probabilities = tree.get(slots) / total
+        weights = (self._size * probabilities) ** (-beta)
+        return slots, (weights / weights.max()).astype(np.float32)
+
+    def update_priorities(self, indices: np.ndarray, td_abs: np.ndarray) -> None:
+        """Set the priorities of sampled slots from their new |TD errors|.
+
+        A no-op for uniform replay, so the learner need not care which it has.
+        """
+        indices = np.asarray(indices)
+        td_abs = np.asarray(td_abs, dtype=np.float64)
+        if indices.shape != td_abs.shape or indices.ndim != 1:
+            raise ValueError(
+                f"indices {indices.shape} and td_abs {td_abs.shape} must be equal 1-D shapes"
+            )
+        if indices.size and (indices.min() < 0 or indices.max() >= self._size):
+            raise ValueError(f"priority indices must lie in [0, {self._size})")
+        if not np.all(np.isfinite(td_abs)):
+            raise ValueError("td_abs holds a NaN or infinite value")
+        if self._tree is None or indices.size == 0:
+            return
+        priorities = (np.abs(td_abs) + self._eps) ** self._alpha
+        self._tree.set(indices.astype(np.int64, copy=False), priorities)
+        self._max_priority = max(self._max_priority, float(priorities.max()))

@@ -1,0 +1,85 @@
+"""Columnar n-step transitions: the one unit actors, replay and learner exchange."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TransitionBatch:
+    """B n-step transitions as parallel columns.
+
+    The n-step work happens before a transition gets here, so the learner's
+    target is simply ``reward + discount * max_a Q(next_obs, a)``: the discount
+    already carries gamma**k for the k <= n steps actually taken, and is 0.0
+    where the episode terminated within them. Truncation (a time limit) is not
+    termination, so it keeps a non-zero discount and bootstraps.
+    """
+
+    obs: np.ndarray
+    """float32 [B, *obs_shape]: the observation the action was taken in."""
+    action: np.ndarray
+    """int64 [B]: the action taken."""
+    reward: np.ndarray
+    """float32 [B]: sum of gamma**i * r_i over the k steps taken."""
+    next_obs: np.ndarray
+    """float32 [B, *obs_shape]: the observation k steps later."""
+    discount: np.ndarray
+    """float32 [B]: gamma**k to bootstrap with; 0.0 if the episode terminated."""
+
+    def __len__(self) -> int:
+        return int(self.action.shape[0])
+
+    def validate(self, obs_shape: tuple[int, ...]) -> None:
+        """Raise ValueError naming the first column whose dtype or shape is wrong.
+
+        Checked once at the boundary (actor output, foreign experience) so the
+        replay can copy columns without looking at them again.
+        """
+        size = len(self)
+        expected: tuple[tuple[str, np.dtype[np.generic], tuple[int, ...]], ...] = (
+            ("obs", np.dtype(np.float32), (size, *obs_shape)),
+            ("action", np.dtype(np.int64), (size,)),
+            ("reward", np.dtype(np.float32), (size,)),
+            ("next_obs", np.dtype(np.float32), (size, *obs_shape)),
+            ("discount", np.dtype(np.float32), (size,)),
+        )
+        for name, dtype, shape in expected:
+            column = getattr(self, name)
+            if not isinstance(column, np.ndarray):
+                raise ValueError(
+                    f"TransitionBatch.{name} must be a numpy array, got {type(column)}"
+                )
+            if column.dtype != dtype:
+                raise ValueError(
+                    f"TransitionBatch.{name} has dtype {column.dtype}, expected {dtype}"
+                )
+            if column.shape != shape:
+                raise ValueError(
+                    f"TransitionBatch.{name} has shape {column.shape}, expected {shape} "
+                    f"(batch size {size}, obs_shape {obs_shape})"
+                )
+        if size and self.action.min() < 0:
+            raise ValueError(f"TransitionBatch.action holds a negative action {self.action.min()}")
+        if size and not (np.all(self.discount >= 0.0) and np.all(self.discount <= 1.0)):
+            raise ValueError("TransitionBatch.discount must lie in [0, 1]")
+        # One NaN in replay poisons every network trained from it, forever.
+        for name in ("obs", "reward", "next_obs"):
+            if not np.all(np.isfinite(getattr(self, name))):
+                raise ValueError(f"TransitionBatch.{name} holds a NaN or infinite value")
+
+    @staticmethod
+    def concat(batches: Sequence[TransitionBatch]) -> TransitionBatch:
+        """Join batches end to end (e.g. the slices several actors produced)."""
+        if not batches:
+            raise ValueError("TransitionBatch.concat needs at least one batch")
+        return TransitionBatch(
+            obs=np.concatenate([b.obs for b in batches]),
+            action=np.concatenate([b.action for b in batches]),
+            reward=np.concatenate([b.reward for b in batches]),
+            next_obs=np.concatenate([b.next_obs for b in batches]),
+            discount=np.concatenate([b.discount for b in batches]),
+        )
