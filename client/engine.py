@@ -1,0 +1,552 @@
+"""The participant's training engine: actors collect, the learner trains, evaluation keeps score.
+
+One `TrainingEngine` drives everything below the command line and the sync
+loop. `poll()` does one round (take in experience, train what the replay
+ratio allows, publish weights, evaluate when due) and returns what happened,
+so a caller can interleave its own work (autosave, federated sync) between
+rounds; `run()` polls until a stop condition.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import math
+import multiprocessing as mp
+import os
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from fedrl.client.actor import (
+    SLOT_FORMAT,
+    ActorCore,
+    ActorSpec,
+    Collected,
+    actor_process,
+    make_actor_spec,
+    parse_fill,
+    slot_capacity,
+)
+from fedrl.client.evaluation import EvalResult, Evaluator
+from fedrl.client.learner import Learner, LearnerConfig
+from fedrl.client.shm import BoardLayout, RingLayout, TransitionRing, WeightsBoard
+from fedrl.client.transitions import TransitionBatch
+from fedrl.client.vector_env import env_shape, make_vector_env
+
+
+def available_cores() -> int:
+    """Cores this process may run on (affinity-aware, unlike os.cpu_count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def default_workers() -> int:
+    """One core stays with the learner; the rest act. One core means serial mode (0)."""
+    return max(0, available_cores() - 1)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Collection, replay-ratio and evaluation knobs of the engine."""
+
+    env: str = "CartPole-v1"
+    """Gymnasium environment id."""
+    workers: int = field(default_factory=default_workers)
+    """Actor processes; 0 runs the actor in the learner's process. Default: cores − 1."""
+    envs_per_worker: int = 16
+    """Envs each actor steps as one batch."""
+    n_step: int = 3
+    """Rewards summed into each transition before bootstrapping."""
+    exploration_base: float = 0.4
+    """Ape-X ε_i = base^(1 + alpha·i/(N−1)) over all N envs."""
+    exploration_alpha: float = 7.0
+    """Ape-X exponent spread: the greediest env gets base^(1 + alpha)."""
+    replay_ratio: float = 0.5
+    """Gradient updates per env step (Fedus et al. 2020); SB3's CartPole zoo setting is 0.5."""
+    steps_per_slot: int = 8
+    """Vector steps an actor collects before handing its slot to the learner."""
+    slots_per_worker: int = 4
+    """Shared-memory slots per actor: how far collection may run ahead of the learner."""
+    weights_interval: int = 16
+    """Updates between publishing the learner's weights to the actors."""
+    eval_interval: int = 5_000
+    """Env steps between greedy evaluations; 0 disables evaluation."""
+    eval_episodes: int = 10
+    """Episodes per evaluation, played at once on envs of their own."""
+    eval_max_steps: int = 100_000
+    """Step cap per evaluation, for envs without a time limit."""
+    max_actor_restarts: int = 3
+    """Restarts of dead actors before the run stops with an error."""
+    learner_threads: int = 1
+    """torch intra-op threads of the learner's process; actors use one each."""
+    seed: int = 0
+    """Root of every seed stream: actors, envs, evaluation and the learner."""
+
+    def __post_init__(self) -> None:
+        at_least = {
+            "workers": (self.workers, 0),
+            "envs_per_worker": (self.envs_per_worker, 1),
+            "n_step": (self.n_step, 1),
+            "steps_per_slot": (self.steps_per_slot, 1),
+            "slots_per_worker": (self.slots_per_worker, 1),
+            "weights_interval": (self.weights_interval, 1),
+            "eval_interval": (self.eval_interval, 0),
+            "eval_episodes": (self.eval_episodes, 1),
+            "eval_max_steps": (self.eval_max_steps, 1),
+            "max_actor_restarts": (self.max_actor_restarts, 0),
+            "learner_threads": (self.learner_threads, 1),
+        }
+        for name, (value, low) in at_least.items():
+            if value < low:
+                raise ValueError(f"{name} must be at least {low}, got {value}")
+        if not self.replay_ratio > 0:
+            raise ValueError(f"replay_ratio must be > 0, got {self.replay_ratio}")
+
+
+class ActorFailureError(RuntimeError):
+    """An actor process died more often than the engine may restart it."""
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Where training stands; what autosave persists and what resume restores."""
+
+    episodes: int = 0
+    env_steps: int = 0
+    updates: int = 0
+    best_eval: float | None = None
+    last_eval: float | None = None
+    recent_returns: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class PollResult:
+    """What one round did."""
+
+    episode_returns: tuple[float, ...]
+    episode_lengths: tuple[int, ...]
+    env_steps: int
+    updates: int
+    train_metrics: dict[str, float]
+    evaluation: EvalResult | None
+    new_best: bool
+
+
+@dataclass
+class _ActorHandle:
+    spec: ActorSpec
+    process: BaseProcess
+    free_slots: Connection
+    filled_slots: Connection
+    slots: range
+    restarts: int = 0
+
+
+class TrainingEngine:
+    """Actors, learner and evaluation, in one process (workers=0) or across processes."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        learner_config: LearnerConfig,
+        *,
+        recent_window: int = 100,
+    ) -> None:
+        self.config = config
+        self._seeds = np.random.SeedSequence(config.seed)
+        actor_seeds, eval_seed, learner_seed = self._seeds.spawn(3)
+        self._actor_seed_root = actor_seeds
+        probe = make_vector_env(config.env, 1)
+        shape = env_shape(probe)
+        probe.close()
+        self.obs_shape, self.n_actions = shape.obs_shape, shape.n_actions
+        self.learner = Learner(
+            obs_shape=self.obs_shape,
+            n_actions=self.n_actions,
+            config=_with_seed(learner_config, learner_seed),
+        )
+        self._gamma = learner_config.gamma
+        self._hidden, self._dueling = learner_config.hidden, learner_config.dueling
+        self._evaluator = (
+            Evaluator(
+                config.env,
+                episodes=config.eval_episodes,
+                seed=eval_seed,
+                max_steps=config.eval_max_steps,
+            )
+            if config.eval_interval
+            else None
+        )
+        self._episodes = 0
+        self._env_steps = 0
+        self._best_eval: float | None = None
+        self._last_eval: float | None = None
+        self._recent: collections.deque[float] = collections.deque(maxlen=recent_window)
+        self._next_eval = config.eval_interval
+        self._updates_at_publish = 0
+        # Replay-ratio credit counts from the moment the replay is ready, so
+        # the first update does not face a backlog of learning_starts·ratio.
+        self._steps_when_ready: int | None = None
+        self._updates_when_ready = 0
+        self._serial: ActorCore | None = None
+        self._actors: list[_ActorHandle] = []
+        self._ring: TransitionRing | None = None
+        self._board: WeightsBoard | None = None
+        self._started = False
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def start(self) -> None:
+        """Starts collection with the learner's current weights."""
+        if self._started:
+            raise RuntimeError("engine already started")
+        self._started = True
+        # A last resort for callers that forget close(): actors and segments go at exit.
+        atexit.register(self.close)
+        torch.set_num_threads(self.config.learner_threads)
+        workers = self.config.workers
+        if workers == 0:
+            self._serial = ActorCore(self._actor_spec(0, num_actors=1, generation=0))
+            self._serial.load_weights(self.learner.weights(), 0)
+            return
+        try:
+            self._start_processes(workers)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_processes(self, workers: int) -> None:
+        rows, episodes = slot_capacity(
+            self.config.envs_per_worker, self.config.steps_per_slot, self.config.n_step
+        )
+        per_actor = self.config.slots_per_worker
+        self._ring = TransitionRing(
+            RingLayout(
+                num_slots=workers * per_actor,
+                rows_per_slot=rows,
+                episodes_per_slot=episodes,
+                obs_shape=self.obs_shape,
+            )
+        )
+        weights = self.learner.weights()
+        self._board = WeightsBoard(BoardLayout.of(weights))
+        self._board.publish(weights)
+        for index in range(workers):
+            slots = range(index * per_actor, (index + 1) * per_actor)
+            self._actors.append(self._spawn(index, slots, generation=0))
+
+    def _actor_spec(self, index: int, *, num_actors: int, generation: int) -> ActorSpec:
+        c = self.config
+        return make_actor_spec(
+            index,
+            num_actors=num_actors,
+            generation=generation,
+            seed_root=self._actor_seed_root,
+            env_id=c.env,
+            num_envs=c.envs_per_worker,
+            exploration_base=c.exploration_base,
+            exploration_alpha=c.exploration_alpha,
+            n_step=c.n_step,
+            gamma=self._gamma,
+            hidden=self._hidden,
+            dueling=self._dueling,
+            steps_per_slot=c.steps_per_slot,
+        )
+
+    def _spawn(self, index: int, slots: range, *, generation: int) -> _ActorHandle:
+        assert self._ring is not None and self._board is not None
+        ctx = mp.get_context("spawn")
+        free_recv, free_send = ctx.Pipe(duplex=False)
+        filled_recv, filled_send = ctx.Pipe(duplex=False)
+        spec = self._actor_spec(index, num_actors=self.config.workers, generation=generation)
+        process = ctx.Process(
+            target=actor_process,
+            name=f"fedrl-actor-{index}",
+            kwargs={
+                "spec": spec,
+                "ring_name": self._ring.name,
+                "ring_layout": self._ring.layout,
+                "board_name": self._board.name,
+                "board_layout": self._board.layout,
+                "free_slots": free_recv,
+                "filled_slots": filled_send,
+            },
+            daemon=True,
+        )
+        process.start()
+        # The child has its own copies; closing ours lets EOF mean "gone".
+        free_recv.close()
+        filled_send.close()
+        for slot in slots:
+            free_send.send_bytes(SLOT_FORMAT.pack(slot))
+        return _ActorHandle(spec, process, free_send, filled_recv, slots, restarts=generation)
+
+    def close(self) -> None:
+        """Stops actors and frees every shared-memory segment; safe to call twice."""
+        atexit.unregister(self.close)
+        if self._board is not None:
+            self._board.request_stop()
+        for actor in self._actors:
+            with contextlib.suppress(OSError):
+                actor.free_slots.close()
+        for actor in self._actors:
+            actor.process.join(timeout=5.0)
+            if actor.process.is_alive():
+                actor.process.kill()
+                actor.process.join(timeout=5.0)
+            with contextlib.suppress(OSError):
+                actor.filled_slots.close()
+        self._actors = []
+        if self._serial is not None:
+            self._serial.close()
+            self._serial = None
+        if self._evaluator is not None:
+            self._evaluator.close()
+            self._evaluator = None
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+        if self._board is not None:
+            self._board.close()
+            self._board = None
+
+    def __enter__(self) -> TrainingEngine:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- the loop ------------------------------------------------------------
+
+    def poll(self, *, timeout_s: float = 0.05) -> PollResult:
+        """One round: take in experience, train what the replay ratio allows, publish, evaluate.
+
+        In parallel mode new experience is taken only once the learner has
+        done the updates it owes; a learner that falls behind thus holds the
+        actors back through their bounded slots instead of letting the
+        effective replay ratio drift with machine load.
+        """
+        if not self._started:
+            raise RuntimeError("call start() (or use the engine as a context manager) first")
+        returns: list[float] = []
+        lengths: list[int] = []
+        steps_before, updates_before = self._env_steps, self.learner.updates
+        metrics: dict[str, float] = {}
+
+        owed = self._owed_updates()
+        if owed > 0:
+            metrics = self.learner.train(owed if self._serial else min(owed, 64))
+        if self._serial is not None:
+            got = self._serial.collect(self.config.steps_per_slot)
+            self._take(got.batch, got.env_steps, got.episode_returns, got.episode_lengths)
+            returns += got.episode_returns.tolist()
+            lengths += got.episode_lengths.tolist()
+        elif owed <= 0:
+            for got in self._receive(timeout_s):
+                self._take(got.batch, got.env_steps, got.episode_returns, got.episode_lengths)
+                returns += got.episode_returns.tolist()
+                lengths += got.episode_lengths.tolist()
+        self._check_actors()
+
+        if self.learner.updates - self._updates_at_publish >= self.config.weights_interval:
+            self._publish()
+        evaluation, new_best = self._maybe_evaluate()
+        return PollResult(
+            episode_returns=tuple(returns),
+            episode_lengths=tuple(lengths),
+            env_steps=self._env_steps - steps_before,
+            updates=self.learner.updates - updates_before,
+            train_metrics=metrics,
+            evaluation=evaluation,
+            new_best=new_best,
+        )
+
+    def run(
+        self,
+        until: Callable[[Counters], bool],
+        *,
+        on_poll: Callable[[PollResult], None] | None = None,
+    ) -> Counters:
+        """Polls until `until(counters)` holds; `on_poll` sees every round (autosave, logging)."""
+        while not until(self.counters):
+            result = self.poll()
+            if on_poll is not None:
+                on_poll(result)
+        return self.counters
+
+    def _owed_updates(self) -> int:
+        if not self.learner.ready():
+            return 0
+        if self._steps_when_ready is None:
+            self._steps_when_ready = self._env_steps
+            self._updates_when_ready = self.learner.updates
+        credit = math.floor(self.config.replay_ratio * (self._env_steps - self._steps_when_ready))
+        return credit - (self.learner.updates - self._updates_when_ready)
+
+    def _take(
+        self,
+        batch: TransitionBatch,
+        env_steps: int,
+        episode_returns: npt.NDArray[np.float64],
+        episode_lengths: npt.NDArray[np.int64],
+    ) -> None:
+        if len(batch):
+            self.learner.add(batch)
+        self._env_steps += env_steps
+        self._episodes += len(episode_returns)
+        self._recent.extend(float(r) for r in episode_returns)
+
+    def _receive(self, timeout_s: float) -> list[Collected]:
+        """Copies out every announced slot and hands each straight back to its actor."""
+        assert self._ring is not None
+        by_conn = {a.filled_slots: a for a in self._actors}
+        received = []
+        for conn in wait(list(by_conn), timeout=timeout_s):
+            actor = by_conn[conn]  # type: ignore[index]
+            try:
+                message = actor.filled_slots.recv_bytes()
+            except (EOFError, OSError):
+                continue  # the actor is gone; _check_actors deals with it
+            fill = parse_fill(message)
+            if fill.slot not in actor.slots:
+                raise ActorFailureError(
+                    f"actor {actor.spec.index} announced slot {fill.slot}, not its own"
+                )
+            batch, returns, lengths = self._ring.slots[fill.slot].read(fill)
+            received.append(Collected(batch, fill.env_steps, returns, lengths))
+            with contextlib.suppress(OSError):
+                actor.free_slots.send_bytes(SLOT_FORMAT.pack(fill.slot))
+        return received
+
+    def _check_actors(self) -> None:
+        for position, actor in enumerate(self._actors):
+            code = actor.process.exitcode
+            if code is None:
+                continue
+            cause = _describe_exit(code)
+            if actor.restarts >= self.config.max_actor_restarts:
+                raise ActorFailureError(
+                    f"actor {actor.spec.index} {cause} and was already restarted "
+                    f"{actor.restarts} times (max_actor_restarts); stopping. "
+                    "Its traceback, if any, is printed above."
+                )
+            # Whatever it finished before dying is still good experience.
+            while True:
+                try:
+                    if not actor.filled_slots.poll(0):
+                        break
+                    message = actor.filled_slots.recv_bytes()
+                except (EOFError, OSError):
+                    break
+                fill = parse_fill(message)
+                assert self._ring is not None
+                batch, r, n = self._ring.slots[fill.slot].read(fill)
+                self._take(batch, fill.env_steps, r, n)
+            with contextlib.suppress(OSError):
+                actor.free_slots.close()
+                actor.filled_slots.close()
+            self._actors[position] = self._spawn(
+                actor.spec.index, actor.slots, generation=actor.restarts + 1
+            )
+
+    def _publish(self) -> None:
+        weights = self.learner.weights()
+        if self._board is not None:
+            self._board.publish(weights)
+        if self._serial is not None:
+            self._serial.load_weights(weights, self.learner.updates)
+        self._updates_at_publish = self.learner.updates
+
+    def _maybe_evaluate(self) -> tuple[EvalResult | None, bool]:
+        if self._evaluator is None or self._env_steps < self._next_eval:
+            return None, False
+        interval = self.config.eval_interval
+        self._next_eval = (self._env_steps // interval + 1) * interval
+        result = self.evaluate()
+        new_best = self._best_eval is None or result.mean > self._best_eval
+        if new_best:
+            self._best_eval = result.mean
+        self._last_eval = result.mean
+        return result, new_best
+
+    def evaluate(self) -> EvalResult:
+        """Greedy returns of the learner's current online network."""
+        if self._evaluator is None:
+            raise RuntimeError("evaluation is disabled (eval_interval=0)")
+        net = self.learner.online
+        device = next(net.parameters()).device
+
+        def q_values(obs: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+            with torch.inference_mode():
+                q: npt.NDArray[np.float32] = (
+                    net(torch.from_numpy(obs).to(device)).float().cpu().numpy()
+                )
+            return q
+
+        return self._evaluator.run(q_values)
+
+    # -- hooks for the sync loop and autosave --------------------------------
+
+    def actor_pids(self) -> list[int]:
+        """Process ids of the live actor processes (empty in serial mode)."""
+        return [a.process.pid for a in self._actors if a.process.pid is not None]
+
+    @property
+    def counters(self) -> Counters:
+        return Counters(
+            episodes=self._episodes,
+            env_steps=self._env_steps,
+            updates=self.learner.updates,
+            best_eval=self._best_eval,
+            last_eval=self._last_eval,
+            recent_returns=tuple(self._recent),
+        )
+
+    def restore_counters(self, counters: Counters) -> None:
+        """Continue from saved counters (resume). The learner's own state is restored separately."""
+        self._episodes = counters.episodes
+        self._env_steps = counters.env_steps
+        self._best_eval = counters.best_eval
+        self._last_eval = counters.last_eval
+        self._recent.clear()
+        self._recent.extend(counters.recent_returns)
+        interval = self.config.eval_interval
+        if interval:
+            self._next_eval = (counters.env_steps // interval + 1) * interval
+
+    def weights(self) -> list[tuple[str, npt.NDArray[Any]]]:
+        return self.learner.weights()
+
+    def set_weights(self, arrays: Sequence[tuple[str, npt.NDArray[Any]]]) -> None:
+        """Adopt a model (e.g. the global one) and hand it to the actors at once."""
+        self.learner.set_weights(arrays, reset_target=True)
+        if self._started:
+            self._publish()
+
+
+def _with_seed(config: LearnerConfig, seed: np.random.SeedSequence) -> LearnerConfig:
+    return replace(config, seed=int(seed.generate_state(1)[0]))
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"

@@ -1,0 +1,141 @@
+"""n-step transitions from a batch of vectorised envs, never across an episode boundary.
+
+Gymnasium 1.x vector envs autoreset in NEXT_STEP mode by default, and the
+native numpy CartPole supports no other mode: the step that reports
+terminated/truncated returns the episode's real final observation, and the
+*next* call resets that env, ignoring its action, and returns the first
+observation of the new episode with reward 0. We keep that mode for every env
+(one code path, and the final observation arrives in the observation array,
+not in an info dict) and drop the reset step's pseudo-transition here.
+
+Bookkeeping is vectorised over envs: all envs step together, so a ring of n
+slots indexed by the global step count serves every env at once. An entry
+lives in slot `t mod n` from its step t until it has accumulated n rewards
+or its episode ends; either happens before step t+n reuses the slot, because
+a reset step (the only step an env does not add to its entries) always follows
+a flush.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from fedrl.client.transitions import TransitionBatch
+
+FloatArray = npt.NDArray[np.float32]
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one vector step did besides transitions.
+
+    `env_steps` counts real env steps only: autoreset steps are no experience.
+    """
+
+    env_steps: int
+    episode_returns: npt.NDArray[np.float64]
+    episode_lengths: npt.NDArray[np.int64]
+
+
+class NStepAccumulator:
+    """Turns per-step vector-env output into n-step `TransitionBatch` rows.
+
+    Row fields follow the learner's contract: `reward` is the discounted sum of
+    the k ≤ n rewards, `discount` is gamma**k, or 0 when the episode
+    terminated within those k steps; a truncated episode bootstraps from its
+    final observation.
+    """
+
+    def __init__(
+        self, *, num_envs: int, obs_shape: tuple[int, ...], n_step: int, gamma: float
+    ) -> None:
+        if n_step < 1:
+            raise ValueError(f"n_step must be >= 1, got {n_step}")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+        self._n = n_step
+        self._gamma_pow = (gamma ** np.arange(n_step + 1)).astype(np.float32)
+        self._obs = np.zeros((n_step, num_envs, *obs_shape), dtype=np.float32)
+        self._action = np.zeros((n_step, num_envs), dtype=np.int64)
+        self._ret = np.zeros((n_step, num_envs), dtype=np.float32)
+        self._age = np.zeros((n_step, num_envs), dtype=np.int64)
+        self._live = np.zeros((n_step, num_envs), dtype=np.bool_)
+        # Envs whose previous step ended an episode: their next step is the
+        # autoreset step, whose (obs, action, reward) belong to no episode.
+        self._resetting = np.zeros(num_envs, dtype=np.bool_)
+        self._episode_return = np.zeros(num_envs, dtype=np.float64)
+        self._episode_length = np.zeros(num_envs, dtype=np.int64)
+        self._t = 0
+
+    def push(
+        self,
+        *,
+        obs: FloatArray,
+        action: npt.NDArray[np.int64],
+        reward: npt.NDArray[np.floating],
+        next_obs: FloatArray,
+        terminated: BoolArray,
+        truncated: BoolArray,
+    ) -> tuple[TransitionBatch, StepStats]:
+        """Add one vector step; returns the rows it completed and the episodes it ended.
+
+        `obs` is what the actions were chosen on, `next_obs` what `step`
+        returned (the final observation for envs that just ended).
+        """
+        valid = ~self._resetting
+        done = (terminated | truncated) & valid
+        # Zero on reset steps, so that multiplying by it leaves entries alone.
+        reward32 = reward.astype(np.float32) * valid
+
+        # Older entries of each valid env take this reward at their own age's
+        # discount, then age by one step. Dead entries may accumulate garbage:
+        # a new entry overwrites every field before it goes live.
+        self._ret += self._gamma_pow[self._age] * reward32
+        self._age += valid
+
+        # This step starts a new entry in its slot (whole rows: on a reset
+        # step the entry stays dead, whatever it holds).
+        slot = self._t % self._n
+        self._obs[slot] = obs
+        self._action[slot] = action
+        self._ret[slot] = reward32
+        self._age[slot] = 1
+        self._live[slot] = valid
+
+        # Entries that have n rewards, or whose episode just ended, are complete.
+        emit = self._live & ((self._age == self._n) | done[None, :])
+        slots, envs = np.nonzero(emit)
+        age = self._age[slots, envs]
+        discount = self._gamma_pow[age] * (~terminated[envs]).astype(np.float32)
+        batch = TransitionBatch(
+            obs=self._obs[slots, envs],
+            action=self._action[slots, envs],
+            reward=self._ret[slots, envs].copy(),
+            next_obs=np.ascontiguousarray(next_obs[envs], dtype=np.float32),
+            discount=discount.astype(np.float32),
+        )
+        self._live[emit] = False
+
+        # Episode bookkeeping for metrics; the reset step counts toward neither.
+        self._episode_return += reward32
+        self._episode_length += valid
+        stats = StepStats(
+            env_steps=int(valid.sum()),
+            episode_returns=self._episode_return[done].copy(),
+            episode_lengths=self._episode_length[done].copy(),
+        )
+        self._episode_return[done] = 0.0
+        self._episode_length[done] = 0
+
+        self._resetting = done
+        self._t += 1
+        return batch, stats
+
+    @property
+    def pending(self) -> int:
+        """Entries still waiting for rewards; they are lost only if the run stops mid-episode."""
+        return int(self._live.sum())

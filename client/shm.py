@@ -1,0 +1,273 @@
+"""Shared memory between actors and learner: a ring of transition slots and a weights board.
+
+Both are plain `multiprocessing.shared_memory` segments named with the
+`fedrl_` prefix, created by the learner process, which alone unlinks them.
+Actors only attach. On Python 3.11 an attaching process registers the segment
+with the resource tracker it shares with its parent (a set, so a no-op), and
+if the learner dies without unlinking, that tracker unlinks every registered
+segment once the last process of the tree is gone: no segment outlives the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+
+import numpy as np
+import numpy.typing as npt
+
+from fedrl.client.transitions import TransitionBatch
+
+SEGMENT_PREFIX = "fedrl_"
+_ALIGN = 64
+
+
+def _segment_name(kind: str) -> str:
+    # Random suffix: several runs (and test sessions) share /dev/shm.
+    return f"{SEGMENT_PREFIX}{kind}_{secrets.token_hex(6)}"
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+@dataclass(frozen=True)
+class RingLayout:
+    """Geometry of the transition ring; actors rebuild the same views from it."""
+
+    num_slots: int
+    rows_per_slot: int
+    episodes_per_slot: int
+    obs_shape: tuple[int, ...]
+
+    def _fields(self) -> list[tuple[str, tuple[int, ...], np.dtype[np.generic]]]:
+        r, e = self.rows_per_slot, self.episodes_per_slot
+        return [
+            ("obs", (r, *self.obs_shape), np.dtype(np.float32)),
+            ("next_obs", (r, *self.obs_shape), np.dtype(np.float32)),
+            ("action", (r,), np.dtype(np.int64)),
+            ("reward", (r,), np.dtype(np.float32)),
+            ("discount", (r,), np.dtype(np.float32)),
+            ("episode_return", (e,), np.dtype(np.float64)),
+            ("episode_length", (e,), np.dtype(np.int64)),
+        ]
+
+    @property
+    def slot_bytes(self) -> int:
+        return sum(
+            _aligned(int(np.prod(shape)) * dtype.itemsize) for _, shape, dtype in self._fields()
+        )
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_slots * self.slot_bytes
+
+
+@dataclass(frozen=True)
+class SlotFill:
+    """How much of a slot an actor filled; the only thing that crosses the pipe."""
+
+    slot: int
+    rows: int
+    episodes: int
+    env_steps: int
+
+
+class TransitionSlot:
+    """Numpy views of one slot of the ring."""
+
+    def __init__(self, buf: memoryview, offset: int, layout: RingLayout) -> None:
+        self.arrays: dict[str, npt.NDArray[np.generic]] = {}
+        for name, shape, dtype in layout._fields():
+            count = int(np.prod(shape))
+            self.arrays[name] = np.ndarray(shape, dtype=dtype, buffer=buf, offset=offset)
+            offset += _aligned(count * dtype.itemsize)
+        self.rows_capacity = layout.rows_per_slot
+        self.episodes_capacity = layout.episodes_per_slot
+
+    def write(
+        self,
+        batch: TransitionBatch,
+        episode_returns: npt.NDArray[np.float64],
+        episode_lengths: npt.NDArray[np.int64],
+    ) -> None:
+        rows, episodes = len(batch), len(episode_returns)
+        if rows > self.rows_capacity or episodes > self.episodes_capacity:
+            raise ValueError(
+                f"slot holds {self.rows_capacity} rows and {self.episodes_capacity} episodes, "
+                f"got {rows} and {episodes}"
+            )
+        a = self.arrays
+        a["obs"][:rows] = batch.obs
+        a["next_obs"][:rows] = batch.next_obs
+        a["action"][:rows] = batch.action
+        a["reward"][:rows] = batch.reward
+        a["discount"][:rows] = batch.discount
+        a["episode_return"][:episodes] = episode_returns
+        a["episode_length"][:episodes] = episode_lengths
+
+    def read(
+        self, fill: SlotFill
+    ) -> tuple[TransitionBatch, npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+        """Copies out, so the slot can go back to its actor at once."""
+        if not (
+            0 <= fill.rows <= self.rows_capacity and 0 <= fill.episodes <= self.episodes_capacity
+        ):
+            raise ValueError(f"slot fill {fill} exceeds the slot's capacity")
+        a, n = self.arrays, fill.rows
+        batch = TransitionBatch(
+            obs=a["obs"][:n].copy(),
+            action=a["action"][:n].copy(),
+            reward=a["reward"][:n].copy(),
+            next_obs=a["next_obs"][:n].copy(),
+            discount=a["discount"][:n].copy(),
+        )
+        returns = np.asarray(a["episode_return"][: fill.episodes], dtype=np.float64).copy()
+        lengths = np.asarray(a["episode_length"][: fill.episodes], dtype=np.int64).copy()
+        return batch, returns, lengths
+
+
+class TransitionRing:
+    """Preallocated slots that actors fill and the learner drains; pipes carry only slot indices."""
+
+    def __init__(self, layout: RingLayout, *, name: str | None = None) -> None:
+        self.layout = layout
+        self._owner = name is None
+        if name is None:
+            self._shm = shared_memory.SharedMemory(
+                name=_segment_name("ring"), create=True, size=max(1, layout.total_bytes)
+            )
+        else:
+            self._shm = shared_memory.SharedMemory(name=name)
+        self.name = self._shm.name
+        buf = self._shm.buf
+        assert buf is not None
+        self.slots = [
+            TransitionSlot(buf, i * layout.slot_bytes, layout) for i in range(layout.num_slots)
+        ]
+        self._closed = False
+
+    def close(self) -> None:
+        """Detach; the creating process also unlinks. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self.slots = []
+        _release(self._shm, unlink=self._owner)
+
+
+@dataclass(frozen=True)
+class BoardLayout:
+    """Names and shapes of the weights, in the learner's order."""
+
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+
+    @classmethod
+    def of(cls, arrays: Sequence[tuple[str, npt.NDArray[np.generic]]]) -> BoardLayout:
+        return cls(shapes=tuple((n, tuple(int(d) for d in a.shape)) for n, a in arrays))
+
+    @property
+    def num_floats(self) -> int:
+        return sum(int(np.prod(s)) for _, s in self.shapes)
+
+
+class WeightsBoard:
+    """The newest weights in shared memory behind a sequence lock.
+
+    The writer makes the counter odd, copies, and makes it even again; a
+    reader copies between two reads of an even, unchanged counter, else it
+    retries, so it never keeps a torn mix of two versions. The version is the
+    number of completed writes. Ordering relies on x86-64/AArch64 keeping a
+    process's own stores to one mapping in program order as numpy issues them;
+    the header also carries a stop flag that actors check between batches.
+    """
+
+    _SEQ, _STOP = 0, 1
+
+    def __init__(self, layout: BoardLayout, *, name: str | None = None) -> None:
+        self.layout = layout
+        self._owner = name is None
+        size = 16 + 4 * layout.num_floats
+        if name is None:
+            self._shm = shared_memory.SharedMemory(
+                name=_segment_name("weights"), create=True, size=size
+            )
+        else:
+            self._shm = shared_memory.SharedMemory(name=name)
+        self.name = self._shm.name
+        self._header = np.ndarray((2,), dtype=np.int64, buffer=self._shm.buf)
+        self._flat = np.ndarray(
+            (layout.num_floats,), dtype=np.float32, buffer=self._shm.buf, offset=16
+        )
+        if self._owner:
+            self._header[:] = 0
+        self._closed = False
+
+    @property
+    def version(self) -> int:
+        return int(self._header[self._SEQ]) // 2
+
+    @property
+    def stop_requested(self) -> bool:
+        return bool(self._header[self._STOP])
+
+    def request_stop(self) -> None:
+        self._header[self._STOP] = 1
+
+    def publish(self, arrays: Sequence[tuple[str, npt.NDArray[np.generic]]]) -> int:
+        """Writes a new version; returns its number."""
+        if BoardLayout.of(arrays) != self.layout:
+            raise ValueError("weights do not match the board's names and shapes")
+        self._header[self._SEQ] += 1
+        offset = 0
+        for _, a in arrays:
+            n = a.size
+            self._flat[offset : offset + n] = a.reshape(-1)
+            offset += n
+        self._header[self._SEQ] += 1
+        return self.version
+
+    def read(
+        self, *, timeout_s: float = 5.0
+    ) -> tuple[int, list[tuple[str, npt.NDArray[np.float32]]]]:
+        """A consistent copy of the newest weights and their version."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            before = int(self._header[self._SEQ])
+            if before % 2 == 0:
+                flat = self._flat.copy()
+                if int(self._header[self._SEQ]) == before:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError("weights board stayed mid-write; the learner may have died")
+            time.sleep(0)
+        out: list[tuple[str, npt.NDArray[np.float32]]] = []
+        offset = 0
+        for name, shape in self.layout.shapes:
+            n = int(np.prod(shape))
+            out.append((name, flat[offset : offset + n].reshape(shape)))
+            offset += n
+        return before // 2, out
+
+    def close(self) -> None:
+        """Detach; the creating process also unlinks. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        # Views into the mapping must go before it can be closed.
+        self._header = self._flat = np.zeros(0)
+        _release(self._shm, unlink=self._owner)
+
+
+def _release(shm: shared_memory.SharedMemory, *, unlink: bool) -> None:
+    # BufferError: a numpy view still points into the mapping; the segment is
+    # still unlinked below, and the mapping goes with the process.
+    with contextlib.suppress(BufferError):
+        shm.close()
+    if unlink:
+        with contextlib.suppress(FileNotFoundError):
+            shm.unlink()

@@ -1,0 +1,118 @@
+"""`fedrl-client --offline`: options mirror the config, a tiny run trains, saves and resumes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import click
+from click.testing import CliRunner
+
+from fedrl.client.cli import main
+from fedrl.client.config import DERIVED, NESTED, TrainConfig, option_fields
+from fedrl.client.engine import EngineConfig
+from fedrl.client.learner import LearnerConfig
+
+TINY = [
+    "--offline",
+    "--workers", "0",
+    "--envs-per-worker", "4",
+    "--steps-per-slot", "4",
+    "--learning-starts", "100",
+    "--hidden", "16",
+    "--batch-size", "8",
+    "--eval-interval", "300",
+    "--eval-episodes", "2",
+    "--save-model-every", "5",
+    "--save-progress-every", "20",
+]  # fmt: skip
+
+
+def test_every_config_field_has_an_option_and_every_option_a_field() -> None:
+    # prepare
+    fields = {f.name for f in dataclasses.fields(TrainConfig) if f.name not in NESTED}
+    for section, cls in (("engine", EngineConfig), ("learner", LearnerConfig)):
+        fields |= {f.name for f in dataclasses.fields(cls) if (section, f.name) not in DERIVED}
+
+    # act
+    options = {p.name for p in main.params if isinstance(p, click.Option)} - {"help"}
+
+    # assert
+    assert options == fields
+    assert all(f.help for f in option_fields()), "every option needs its field's docstring"
+
+
+def test_a_tiny_offline_run_trains_and_fills_the_state_dir(tmp_path: Path) -> None:
+    # act
+    result = CliRunner().invoke(
+        main, ["--participant-id", "Макар", "--episodes", "30", "--state-dir", str(tmp_path), *TINY]
+    )
+
+    # assert
+    assert result.exit_code == 0, result.output
+    state = tmp_path / "Макар"
+    assert {p.name for p in state.iterdir()} >= {"model.pt", "progress.pt", "metrics.jsonl"}
+    records = [json.loads(line) for line in (state / "metrics.jsonl").read_text().splitlines()]
+    episodes = [r["episode"] for r in records if r["kind"] == "episode"]
+    assert episodes == list(range(1, len(episodes) + 1)) and len(episodes) >= 30
+    assert "stopped at episode" in result.output
+
+
+def test_a_second_run_resumes_the_counters(tmp_path: Path) -> None:
+    # prepare
+    args = ["--participant-id", "ann", "--state-dir", str(tmp_path), *TINY]
+    first = CliRunner().invoke(main, [*args, "--episodes", "20"])
+    assert first.exit_code == 0, first.output
+
+    # act
+    second = CliRunner().invoke(main, [*args, "--episodes", "40"])
+
+    # assert
+    assert second.exit_code == 0, second.output
+    assert "resuming ann at episode" in second.output
+    lines = (tmp_path / "ann" / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    episodes = [r["episode"] for r in records if r["kind"] == "episode"]
+    # Both runs together number their episodes 1, 2, ... without gap or repeat.
+    assert episodes == list(range(1, len(episodes) + 1)) and len(episodes) >= 40
+
+
+def test_training_without_offline_says_what_to_do(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["--participant-id", "ann", "--state-dir", str(tmp_path)])
+
+    assert result.exit_code != 0
+    assert "pass --offline" in result.output
+
+
+def test_training_without_a_participant_id_is_a_usage_error() -> None:
+    result = CliRunner().invoke(main, ["--offline"])
+
+    assert result.exit_code == 2
+    assert "--participant-id is required" in result.output
+
+
+def test_a_bad_value_names_the_setting(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        main, ["--participant-id", "ann", "--offline", "--envs-per-worker", "0"]
+    )
+
+    assert result.exit_code != 0
+    assert "envs_per_worker must be at least 1" in result.output
+
+
+def test_subcommands_attach_to_the_group_and_need_no_training_options() -> None:
+    # prepare
+    @click.command("hello")
+    def hello() -> None:
+        click.echo("hi")
+
+    main.add_command(hello)
+    try:
+        # act
+        result = CliRunner().invoke(main, ["hello"])
+    finally:
+        main.commands.pop("hello")
+
+    # assert
+    assert result.exit_code == 0 and result.output == "hi\n"
