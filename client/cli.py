@@ -7,7 +7,6 @@ attach to the same group with `main.add_command`.
 from __future__ import annotations
 
 import signal
-import time
 from types import FrameType
 from typing import Any
 
@@ -15,8 +14,12 @@ import click
 
 from fedrl.client.config import TrainConfig, config_from_options, train_options
 from fedrl.client.engine import Counters, PollResult, TrainingEngine
+from fedrl.client.export import export_command
 from fedrl.client.network import architecture_name
+from fedrl.client.plot import plot_command
+from fedrl.client.progress import ProgressReporter, TrainingProgress, mean_epsilon
 from fedrl.client.state_dir import Autosaver, ModelIdentity, StateDir, StateError
+from fedrl.client.system_check import check_command
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -70,11 +73,21 @@ def train_offline(config: TrainConfig) -> Counters:
                 err=True,
             )
         engine.start()
-        log = _ProgressLog(config.log_interval)
+        reporter = ProgressReporter(interval_s=config.log_interval)
+        progress = TrainingProgress(
+            reporter,
+            target=config.episodes,
+            epsilon=mean_epsilon(
+                max(1, config.engine.workers) * config.engine.envs_per_worker,
+                base=config.engine.exploration_base,
+                alpha=config.engine.exploration_alpha,
+            ),
+            replay_size=lambda: len(engine.learner.replay),
+        )
 
         def on_poll(result: PollResult) -> None:
             autosave(result)
-            log(engine.counters, result)
+            progress(engine.counters, result)
 
         def done(c: Counters) -> bool:
             return c.episodes >= config.episodes or 0 < config.max_env_steps <= c.env_steps
@@ -82,7 +95,9 @@ def train_offline(config: TrainConfig) -> Counters:
         try:
             engine.run(done, on_poll=on_poll)
         except KeyboardInterrupt:
-            click.echo("interrupted: saving", err=True)
+            reporter.write("interrupted: saving")
+        finally:
+            reporter.close()
         autosave.save_all()
         counters = engine.counters
         click.echo(
@@ -101,28 +116,10 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-class _ProgressLog:
-    """One line on stderr every `interval` seconds, and one per evaluation."""
-
-    def __init__(self, interval: float) -> None:
-        self._interval = interval
-        self._last = time.monotonic()
-
-    def __call__(self, counters: Counters, result: PollResult) -> None:
-        now = time.monotonic()
-        if result.evaluation is None and now - self._last < self._interval:
-            return
-        self._last = now
-        recent = counters.recent_returns[-20:]
-        mean = sum(recent) / len(recent) if recent else None
-        line = (
-            f"episode {counters.episodes}  env steps {counters.env_steps}  "
-            f"updates {counters.updates}  return(20) {_fmt(mean)}"
-        )
-        if result.evaluation is not None:
-            line += f"  eval {result.evaluation.mean:.1f}" + (" (best)" if result.new_best else "")
-        click.echo(line, err=True)
-
-
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+main.add_command(plot_command)
+main.add_command(check_command)
+main.add_command(export_command)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -232,6 +233,7 @@ class Autosaver:
         self._engine = engine
         self._model_every = model_every
         self._progress_every = progress_every
+        self._train_metrics: dict[str, float] = {}
         episodes = engine.counters.episodes
         self._next_model = (episodes // model_every + 1) * model_every
         self._next_progress = (episodes // progress_every + 1) * progress_every
@@ -259,7 +261,13 @@ class Autosaver:
 
     def __call__(self, result: PollResult) -> None:
         counters = self._engine.counters
-        self._state.append_metrics(_metric_records(result, counters))
+        if result.train_metrics:
+            # In parallel mode a round either trains or takes in episodes, never
+            # both; the episode batch's line carries the latest training figures.
+            self._train_metrics = result.train_metrics
+        self._state.append_metrics(
+            _metric_records(result, counters, self._train_metrics, len(self._engine.learner.replay))
+        )
         if result.new_best and result.evaluation is not None:
             self._state.save_best(self._engine.weights(), counters, result.evaluation.mean)
         if counters.episodes >= self._next_progress:
@@ -278,7 +286,9 @@ class Autosaver:
         self._next_progress = (episodes // self._progress_every + 1) * self._progress_every
 
 
-def _metric_records(result: PollResult, counters: Counters) -> list[dict[str, Any]]:
+def _metric_records(
+    result: PollResult, counters: Counters, train_metrics: dict[str, float], replay_size: int
+) -> list[dict[str, Any]]:
     now = round(time.time(), 3)
     first = counters.episodes - len(result.episode_returns) + 1
     records: list[dict[str, Any]] = [
@@ -294,6 +304,21 @@ def _metric_records(result: PollResult, counters: Counters) -> list[dict[str, An
             zip(result.episode_returns, result.episode_lengths, strict=True)
         )
     ]
+    if result.episode_returns:
+        train: dict[str, Any] = {
+            "kind": "train",
+            "time": now,
+            "episode": counters.episodes,
+            "env_steps": counters.env_steps,
+            "updates": counters.updates,
+            "episodes": len(result.episode_returns),
+            "replay_size": replay_size,
+        }
+        for name in ("loss", "q_mean", "td_abs_mean"):
+            value = train_metrics.get(name)
+            if value is not None and math.isfinite(value):
+                train[name] = value
+        records.append(train)
     if result.evaluation is not None:
         records.append(
             {

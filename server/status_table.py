@@ -59,6 +59,8 @@ def render_session(state: pb.SessionState) -> str:
     best = "none yet"
     if state.HasField("best_eval_return"):
         best = f"{state.best_eval_return:.2f} at version {state.best_version}"
+        if state.best_checkpoint:
+            best += f", model in {state.best_checkpoint}"
     summary = [
         f"session {state.session}  ({state.env_id or 'no env'}, spec {state.spec_hash[:12]})",
         f"  goal      {progress}",
