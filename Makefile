@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip
 	$(PIP) torch==2.13.0
-	$(PIP) -e '.[dev,plot]'
+	$(PIP) -e '.[dev,plot,export]'
 	touch $(STAMP)
 
 test: install
@@ -49,8 +49,11 @@ typecheck: install
 	cd $(TYPECHECK_DIR) && ../../$(BIN)/mypy --config-file ../../pyproject.toml \
 		-p fedrl.common -p fedrl.server -p fedrl.client -p fedrl.envs
 
+# Each benchmark's short mode; run one with no flag for the full figures.
+# The baselines (Stable-Baselines3) come from the bench extra.
 bench: install
-	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	$(PIP) -e '.[bench]'
+	@for b in bench/*.py; do echo "== $$b --quick"; $(BIN)/python $$b --quick || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
