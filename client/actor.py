@@ -37,6 +37,7 @@ class ActorSpec:
 
     index: int
     env_id: str
+    data: str | None
     num_envs: int
     epsilons: tuple[float, ...]
     seed_entropy: int
@@ -55,6 +56,7 @@ def make_actor_spec(
     generation: int,
     seed_root: np.random.SeedSequence,
     env_id: str,
+    data: str | None = None,
     num_envs: int,
     exploration_base: float,
     exploration_alpha: float,
@@ -74,6 +76,7 @@ def make_actor_spec(
     return ActorSpec(
         index=index,
         env_id=env_id,
+        data=data,
         num_envs=num_envs,
         epsilons=tuple(float(e) for e in epsilons),
         seed_entropy=entropy,
@@ -109,7 +112,7 @@ class ActorCore:
         self._spec = spec
         seeds = np.random.SeedSequence(spec.seed_entropy, spawn_key=spec.seed_spawn_key)
         env_seeds, action_seeds, torch_seed = seeds.spawn(3)
-        self._env = make_vector_env(spec.env_id, spec.num_envs)
+        self._env = make_vector_env(spec.env_id, spec.num_envs, spec.data)
         shape = env_shape(self._env)
         self.obs_shape, self.n_actions = shape.obs_shape, shape.n_actions
         self._rng = np.random.default_rng(action_seeds)

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from fedrl.client.backtest import backtest
 from fedrl.client.config import TrainConfig, config_from_options, train_options
 from fedrl.client.engine import Counters, PollResult, TrainingEngine
 from fedrl.client.export import export_command
@@ -123,3 +124,4 @@ def _fmt(value: float | None) -> str:
 main.add_command(plot_command)
 main.add_command(check_command)
 main.add_command(export_command)
+main.add_command(backtest)

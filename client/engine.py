@@ -60,6 +60,8 @@ class EngineConfig:
 
     env: str = "CartPole-v1"
     """Gymnasium environment id."""
+    data: str | None = None
+    """A data file the environment reads (e.g. OHLCV bars for fedrl/Trading-v0)."""
     workers: int = field(default_factory=default_workers)
     """Actor processes; 0 runs the actor in the learner's process. Default: cores − 1."""
     envs_per_worker: int = 16
@@ -165,7 +167,7 @@ class TrainingEngine:
         self._seeds = np.random.SeedSequence(config.seed)
         actor_seeds, eval_seed, learner_seed = self._seeds.spawn(3)
         self._actor_seed_root = actor_seeds
-        probe = make_vector_env(config.env, 1)
+        probe = make_vector_env(config.env, 1, config.data)
         shape = env_shape(probe)
         probe.close()
         self.obs_shape, self.n_actions = shape.obs_shape, shape.n_actions
@@ -179,6 +181,7 @@ class TrainingEngine:
         self._evaluator = (
             Evaluator(
                 config.env,
+                data=config.data,
                 episodes=config.eval_episodes,
                 seed=eval_seed,
                 max_steps=config.eval_max_steps,
@@ -252,6 +255,7 @@ class TrainingEngine:
             generation=generation,
             seed_root=self._actor_seed_root,
             env_id=c.env,
+            data=c.data,
             num_envs=c.envs_per_worker,
             exploration_base=c.exploration_base,
             exploration_alpha=c.exploration_alpha,

@@ -41,11 +41,17 @@ class Evaluator:
     """
 
     def __init__(
-        self, env_id: str, *, episodes: int, seed: np.random.SeedSequence, max_steps: int
+        self,
+        env_id: str,
+        *,
+        episodes: int,
+        seed: np.random.SeedSequence,
+        max_steps: int,
+        data: str | None = None,
     ) -> None:
         if episodes < 1:
             raise ValueError(f"evaluation needs at least one episode, got {episodes}")
-        self._env = make_vector_env(env_id, episodes)
+        self._env = make_vector_env(env_id, episodes, data)
         self._seed = seed
         self._max_steps = max_steps
 

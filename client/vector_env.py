@@ -8,6 +8,10 @@ import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
 
+# Registers fedrl's own envs (fedrl/Trading-v0) wherever envs are made: in the
+# learner's process, in spawned actors and in the evaluator alike.
+import fedrl.envs  # noqa: F401
+
 
 @dataclass(frozen=True)
 class EnvShape:
@@ -17,7 +21,7 @@ class EnvShape:
     n_actions: int
 
 
-def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
+def make_vector_env(env_id: str, num_envs: int, data: str | None = None) -> gym.vector.VectorEnv:
     """`num_envs` copies of `env_id` stepped as one batch, in this process.
 
     A native vectorised implementation (CartPole's numpy one, ~20x a
@@ -26,7 +30,8 @@ def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     processes, and AsyncVectorEnv's per-step pipe round trips cost more than
     the envs themselves (9-12k vs 117k CartPole steps/s measured here).
     Autoreset stays Gymnasium's default NEXT_STEP, the only mode every vector
-    env supports; `fedrl.client.nstep` handles it.
+    env supports; `fedrl.client.nstep` handles it. `data` (a file the env reads,
+    e.g. OHLCV bars) is passed only when given: most envs take no such option.
     """
     if num_envs < 1:
         raise ValueError(f"need at least one env per batch, got {num_envs}")
@@ -35,7 +40,8 @@ def make_vector_env(env_id: str, num_envs: int) -> gym.vector.VectorEnv:
     except gym.error.Error as exc:
         raise ValueError(f"unknown Gymnasium env id {env_id!r}: {exc}") from exc
     mode = "vector_entry_point" if spec.vector_entry_point is not None else "sync"
-    env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode)
+    options = {} if data is None else {"data": data}
+    env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **options)
     env_shape(env)
     return env
 

@@ -174,6 +174,7 @@ def test_actor_core_collects_valid_rows_from_a_registered_env() -> None:
     spec = ActorSpec(
         index=0,
         env_id=ENV_ID,
+        data=None,
         num_envs=3,
         epsilons=(0.5, 0.1, 0.0),
         seed_entropy=7,

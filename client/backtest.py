@@ -1,0 +1,370 @@
+"""`fedrl-client backtest`: a greedy policy over the evaluation split, next to buy-and-hold.
+
+Reads top to bottom: metrics (pure numpy), the runner, the text report, the equity-curve PNG,
+the model loader, the click command. Buy-and-hold runs through the same environment with
+"always long", so it pays the same entry costs and is marked on the same bars.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import gymnasium as gym
+import numpy as np
+import numpy.typing as npt
+import torch
+from gymnasium.envs.registration import load_env_creator
+
+from fedrl.client.config import field_docs
+from fedrl.client.network import build_q_network
+
+# Importing any fedrl.envs module registers fedrl/Trading-v0 with Gymnasium.
+from fedrl.envs.trading import ENV_ID, TradingEnv
+from fedrl.envs.trading_config import TradingConfig
+
+Policy = Callable[[npt.NDArray[np.float32]], npt.NDArray[np.integer[Any]]]
+"""Greedy policy: observations (B, *obs_shape) float32 to actions (B,) ints."""
+PolicyLoader = Callable[[Path, tuple[int, ...], int], Policy]
+"""(model path, observation shape, action count) to a policy."""
+
+_NS_PER_YEAR = 365.25 * 24 * 3600 * 1e9
+
+# --- Metrics ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """How one strategy did over the backtest's bars."""
+
+    total_return: float
+    """Final over initial equity, minus one."""
+    sharpe: float
+    """Mean over standard deviation of per-bar returns, times sqrt(bars per year); 0 if flat."""
+    max_drawdown: float
+    """Largest fall from a running peak, as a fraction of the peak (0.25 = 25 % down)."""
+    trades: int
+    """Position changes, a reversal counting once."""
+    exposure: float
+    """Share of bars spent holding a position."""
+
+
+def bars_per_year(time_ns: npt.NDArray[np.int64]) -> float:
+    """Bars per year the timestamps imply: weekends and holidays count, as in the data."""
+    span = float(time_ns[-1] - time_ns[0])
+    if len(time_ns) < 2 or span <= 0:
+        raise ValueError("need at least two bars at distinct times to annualise")
+    return (len(time_ns) - 1) / (span / _NS_PER_YEAR)
+
+
+def compute_metrics(
+    equity: npt.NDArray[np.float64], positions: npt.NDArray[np.integer[Any]], per_year: float
+) -> Metrics:
+    """`equity` at each bar (first one the start), `positions` held over each bar after it."""
+    if len(equity) != len(positions) + 1 or len(positions) == 0:
+        raise ValueError(
+            f"need equity at n+1 bars for n >= 1 positions, got {len(equity)} and {len(positions)}"
+        )
+    returns = equity[1:] / equity[:-1] - 1
+    spread = float(returns.std(ddof=1)) if len(returns) > 1 else 0.0
+    sharpe = float(returns.mean()) / spread * math.sqrt(per_year) if spread > 0 else 0.0
+    peaks = np.maximum.accumulate(equity)
+    return Metrics(
+        total_return=float(equity[-1] / equity[0] - 1),
+        sharpe=sharpe,
+        max_drawdown=float(np.max(1 - equity / peaks)),
+        trades=int(np.count_nonzero(np.diff(positions, prepend=0))),
+        exposure=float(np.mean(positions != 0)),
+    )
+
+
+# --- Runner -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Curve:
+    """One strategy's path through the backtest."""
+
+    equity: npt.NDArray[np.float64]
+    positions: npt.NDArray[np.int8]
+    metrics: Metrics
+
+
+@dataclass(frozen=True, eq=False)
+class BacktestResult:
+    """The policy and buy-and-hold over the same evaluation bars."""
+
+    source: str
+    time_ns: npt.NDArray[np.int64]
+    bars_per_year: float
+    policy: Curve
+    buy_and_hold: Curve
+
+
+def run_backtest(policy: Policy, config: TradingConfig) -> BacktestResult:
+    """Step `config`'s evaluation split once, start to end, with `policy` and with buy-and-hold."""
+    env = TradingEnv(dataclasses.replace(config, split="eval", episode_length=None))
+    n_actions = env.n_actions
+    # The last action is always "long", with or without shorts.
+    time_ns, ours = _walk(env, policy)
+    _, held = _walk(env, lambda obs: np.full(len(obs), n_actions - 1))
+    per_year = bars_per_year(time_ns)
+    return BacktestResult(
+        source=env.market.bars.source,
+        time_ns=time_ns,
+        bars_per_year=per_year,
+        policy=_curve(ours, per_year),
+        buy_and_hold=_curve(held, per_year),
+    )
+
+
+def _walk(
+    env: TradingEnv, policy: Policy
+) -> tuple[npt.NDArray[np.int64], tuple[list[float], list[int]]]:
+    obs, info = env.reset(seed=0)
+    times, equity, positions = [info["time_ns"]], [info["equity"]], []
+    done = False
+    while not done:
+        chosen = np.asarray(policy(obs[None]))
+        if chosen.shape != (1,) or chosen.dtype.kind not in "iu":
+            raise ValueError(
+                f"the policy must return one integer action per observation, got shape "
+                f"{chosen.shape} of {chosen.dtype}"
+            )
+        obs, _, terminated, truncated, info = env.step(int(chosen[0]))
+        times.append(info["time_ns"])
+        equity.append(info["equity"])
+        positions.append(info["position"])
+        done = terminated or truncated
+    return np.array(times, dtype=np.int64), (equity, positions)
+
+
+def _curve(path: tuple[list[float], list[int]], per_year: float) -> Curve:
+    equity = np.array(path[0])
+    positions = np.array(path[1], dtype=np.int8)
+    return Curve(equity, positions, compute_metrics(equity, positions, per_year))
+
+
+# --- Report -------------------------------------------------------------------------------
+
+
+def format_report(result: BacktestResult) -> str:
+    """The two strategies' metrics side by side, as plain text."""
+    start, end = (
+        np.datetime64(int(t), "ns").astype("datetime64[m]") for t in result.time_ns[[0, -1]]
+    )
+    ours, held = result.policy.metrics, result.buy_and_hold.metrics
+    rows = [
+        ("total return", f"{ours.total_return:+.2%}", f"{held.total_return:+.2%}"),
+        ("annualised Sharpe", f"{ours.sharpe:.2f}", f"{held.sharpe:.2f}"),
+        ("max drawdown", f"{-ours.max_drawdown:.2%}", f"{-held.max_drawdown:.2%}"),
+        ("trades", f"{ours.trades}", f"{held.trades}"),
+        ("exposure", f"{ours.exposure:.1%}", f"{held.exposure:.1%}"),
+    ]
+    lines = [
+        f"Backtest on {result.source}, evaluation split",
+        f"{start} to {end} UTC: {len(result.time_ns) - 1} bars, "
+        f"{result.bars_per_year:,.0f} bars/year",
+        "",
+        f"{'':<20}{'policy':>12}{'buy & hold':>12}",
+        *(f"{name:<20}{a:>12}{b:>12}" for name, a, b in rows),
+    ]
+    return "\n".join(lines)
+
+
+# --- Equity-curve PNG ---------------------------------------------------------------------
+
+
+def write_equity_png(result: BacktestResult, path: Path) -> None:
+    """Both equity curves over time, as a PNG; needs matplotlib (the `plot` extra)."""
+    try:
+        # Optional (the `plot` extra). The object API, not pyplot: no global figure state and
+        # no GUI backend to pick on a headless machine.
+        from matplotlib.figure import Figure  # noqa: PLC0415
+    except ImportError as err:
+        raise RuntimeError(
+            "writing the equity curve needs matplotlib: pip install 'fedrl[plot]'"
+        ) from err
+    times = result.time_ns.astype("datetime64[ns]")
+    figure = Figure(figsize=(10, 4.5), layout="constrained")
+    axes = figure.add_subplot()
+    axes.plot(times, result.policy.equity, label="policy", linewidth=1.2)
+    axes.plot(times, result.buy_and_hold.equity, label="buy & hold", linewidth=1.0, alpha=0.8)
+    axes.set_title(f"Equity, evaluation split of {result.source}")
+    axes.set_ylabel("equity (start = 1)")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.savefig(path, dpi=120)
+
+
+# --- Model ----------------------------------------------------------------------------------
+
+
+def load_policy(model_path: Path, obs_shape: tuple[int, ...], n_actions: int) -> Policy:
+    """The greedy policy of a saved Q-network (a torch.save'd dict, loaded without pickle).
+
+    Accepts a client state dir's model file ({"tensors": {name: tensor}, ...}), a learner
+    state ({"online": state_dict, ...}), {"model": state_dict}, or a bare state_dict. The
+    layer sizes and the dueling head are read off the tensors' shapes, so a model trained
+    with any `hidden` loads without being told it.
+    """
+    try:
+        saved = torch.load(model_path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many types for a bad file; all mean the same
+        raise ValueError(f"{model_path}: not a model saved by fedrl ({err})") from err
+    weights = _state_dict_of(saved)
+    if weights is None:
+        raise ValueError(
+            f"{model_path}: expected a dict of tensors, or one under "
+            f"{' or '.join(repr(k) for k in _WEIGHT_KEYS)}"
+        )
+    hidden = tuple(
+        int(weights[name].shape[0])
+        for name in sorted(
+            (n for n in weights if n.startswith("torso.") and n.endswith(".weight")),
+            key=lambda n: int(n.split(".")[1]),
+        )
+    )
+    network = build_q_network(
+        obs_shape, n_actions, hidden=hidden, dueling="value.weight" in weights
+    )
+    try:
+        network.load_state_dict(weights)
+    except RuntimeError as err:
+        raise ValueError(
+            f"{model_path}: the model does not fit this environment's observation "
+            f"{obs_shape} and {n_actions} actions: {err}"
+        ) from err
+    network.eval()
+
+    def greedy(obs: npt.NDArray[np.float32]) -> npt.NDArray[np.int64]:
+        with torch.no_grad():
+            q = network(torch.as_tensor(obs, dtype=torch.float32))
+        return np.asarray(q.argmax(dim=1).numpy(), dtype=np.int64)
+
+    return greedy
+
+
+# Where the weights sit: a client state dir's model.pt and best.pt ("tensors"), a learner
+# state ("online"), or a hand-saved {"model": ...}.
+_WEIGHT_KEYS = ("tensors", "online", "model")
+
+
+def _state_dict_of(saved: object) -> dict[str, Any] | None:
+    if isinstance(saved, dict):
+        for key in _WEIGHT_KEYS:
+            if isinstance(saved.get(key), dict):
+                return _state_dict_of(saved[key])
+        if saved and all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in saved.items()
+        ):
+            return saved
+    return None
+
+
+# --- Command --------------------------------------------------------------------------------
+
+# A backtest always runs the whole evaluation split once; every other env knob is an option.
+_FIXED_BY_BACKTEST = frozenset({"split", "episode_length"})
+_CLICK_TYPES: dict[Any, click.ParamType[Any]] = {int: click.INT, float: click.FLOAT}
+
+
+def env_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """One option per TradingConfig field, default and help taken from the field, so the
+    command and the environment cannot drift apart."""
+    hints = typing.get_type_hints(TradingConfig)
+    docs = field_docs(TradingConfig)
+    for f in reversed(dataclasses.fields(TradingConfig)):
+        if f.name in _FIXED_BY_BACKTEST:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if hints[f.name] is bool:
+            option = click.option(
+                f"{flag}/--no-{flag[2:]}",
+                f.name,
+                default=f.default,
+                show_default=True,
+                help=docs[f.name],
+            )
+        elif f.name == "data":
+            option = click.option(
+                flag,
+                f.name,
+                type=click.Path(exists=True, dir_okay=False),
+                default=None,
+                help=docs[f.name],
+            )
+        else:
+            option = click.option(
+                flag,
+                f.name,
+                type=_CLICK_TYPES[hints[f.name]],
+                default=f.default,
+                show_default=True,
+                help=docs[f.name],
+            )
+        command = option(command)
+    return command
+
+
+def make_backtest_command(loader: PolicyLoader = load_policy) -> click.Command:
+    """The `backtest` command; `loader` turns --model into a policy (tests pass their own)."""
+
+    @click.command("backtest")
+    @click.option(
+        "--model",
+        "model_path",
+        required=True,
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help="Saved Q-network (.pt) to run greedily.",
+    )
+    @click.option("--env", "env_id", default=ENV_ID, show_default=True, help="Trading env id.")
+    @click.option(
+        "--out",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=Path("equity.png"),
+        show_default=True,
+        help="Where to write the equity-curve PNG.",
+    )
+    @env_options
+    def backtest(model_path: Path, env_id: str, out: Path, **env_options: Any) -> None:
+        """Run a saved model greedily over the evaluation split; compare with buy-and-hold."""
+        _check_trading_env(env_id)
+        try:
+            config = TradingConfig(**env_options, split="eval", episode_length=None)
+            probe = TradingEnv(config)
+            policy = loader(model_path, probe.obs_shape, probe.n_actions)
+            result = run_backtest(policy, config)
+        except ValueError as err:  # MarketDataError included: the message names file and line
+            raise click.ClickException(str(err)) from err
+        click.echo(format_report(result))
+        try:
+            write_equity_png(result, out)
+        except RuntimeError as err:
+            raise click.ClickException(str(err)) from err
+        click.echo(f"\nequity curve: {out}")
+
+    return backtest
+
+
+def _check_trading_env(env_id: str) -> None:
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error as err:
+        raise click.BadParameter(f"unknown env id {env_id!r}", param_hint="--env") from err
+    entry = spec.entry_point
+    creator = entry if callable(entry) or entry is None else load_env_creator(entry)
+    if not (isinstance(creator, type) and issubclass(creator, TradingEnv)):
+        raise click.BadParameter(
+            f"{env_id!r} is not a trading environment; backtests need {ENV_ID}",
+            param_hint="--env",
+        )
+
+
+backtest = make_backtest_command()

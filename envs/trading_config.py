@@ -1,0 +1,69 @@
+"""The knobs of the trading environment, validated once where they are made."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Split = Literal["train", "eval"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TradingConfig:
+    """Everything that defines one trading environment; `gymnasium.make` kwargs map onto it."""
+
+    data: str | None = None
+    """OHLCV CSV file (plain or gzip); without one, a seeded synthetic market."""
+    window: int = 32
+    """Bars of features in each observation."""
+    episode_length: int | None = 256
+    """Steps per episode, from a random start; None runs the whole split once from its start."""
+    fee_bps: float = 10.0
+    """Exchange fee on each trade's notional, in basis points (10 = a typical taker fee)."""
+    slippage_bps: float = 5.0
+    """Price moved against us on each trade, in basis points of the close."""
+    allow_short: bool = True
+    """Whether the short target position exists; without it the actions are flat and long."""
+    split: Split = "train"
+    """Which time split episodes come from: the early "train" bars or the late "eval" bars."""
+    eval_fraction: float = 0.2
+    """Share of the bars, the latest ones, held out for evaluation; training never sees them."""
+    seed: int = 0
+    """Seed of the synthetic market: every participant must share it to train on the same market."""
+    synthetic_bars: int = 20_000
+    """Length of the synthetic market in hourly bars (20 000 is a little over two years)."""
+
+    def __post_init__(self) -> None:
+        # Fail here, with the field's name, rather than as an index error mid-episode.
+        if self.window < 1:
+            raise ValueError(f"window must be at least 1 bar, got {self.window}")
+        if self.episode_length is not None and self.episode_length < 1:
+            raise ValueError(
+                f"episode_length must be at least 1 step (or None), got {self.episode_length}"
+            )
+        for name in ("fee_bps", "slippage_bps"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or not 0 <= value < 10_000:
+                raise ValueError(f"{name} must be in [0, 10000) basis points, got {value}")
+        if self.split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {self.split!r}")
+        if not 0 < self.eval_fraction < 1:
+            raise ValueError(
+                f"eval_fraction must be strictly between 0 and 1, got {self.eval_fraction}"
+            )
+        if self.synthetic_bars < 2:
+            raise ValueError(f"synthetic_bars must be at least 2, got {self.synthetic_bars}")
+
+    @classmethod
+    def from_kwargs(cls, config: TradingConfig | None = None, **kwargs: Any) -> TradingConfig:
+        """`config` (or the defaults) with `kwargs` set; an unknown name lists the valid ones."""
+        names = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(
+                f"unknown trading environment option(s) {', '.join(unknown)}; "
+                f"valid options: {', '.join(sorted(names))}"
+            )
+        return dataclasses.replace(config or cls(), **kwargs)
