@@ -55,5 +55,10 @@ bench: install
 	$(PIP) -e '.[bench]'
 	@for b in bench/*.py; do echo "== $$b --quick"; $(BIN)/python $$b --quick || exit 1; done
 
+# The main job: a server on localhost and two participants training
+# CartPole-v1 together until a modest goal; ends with the status table.
+demo: install
+	$(BIN)/python scripts/demo.py
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

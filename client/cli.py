@@ -6,21 +6,37 @@ attach to the same group with `main.add_command`.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import logging
+import secrets
 import signal
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import click
+import grpc
 
 from fedrl.client.backtest import backtest
+from fedrl.client.channel import ChannelSecurityError, open_channel
 from fedrl.client.config import TrainConfig, config_from_options, train_options
 from fedrl.client.engine import Counters, PollResult, TrainingEngine
 from fedrl.client.export import export_command
+from fedrl.client.federation_client import FederationClient, FederationError
 from fedrl.client.network import architecture_name
 from fedrl.client.plot import plot_command
 from fedrl.client.progress import ProgressReporter, TrainingProgress, mean_epsilon
 from fedrl.client.state_dir import Autosaver, ModelIdentity, StateDir, StateError
+from fedrl.client.sync import SyncError, SyncLoop, model_spec
 from fedrl.client.system_check import check_command
+from fedrl.common.identity import validate_participant_id
+from fedrl.common.tls import ParticipantBundle, TlsMaterialError
+from fedrl.proto.v1 import federation_pb2 as pb
+from fedrl.server.status_table import render_status
+
+PARTICIPANT_ID_FILE = "participant-id"
+"""Under --state-dir: the id generated for a participant who gave none, reused next time."""
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -29,21 +45,29 @@ from fedrl.client.system_check import check_command
 def main(ctx: click.Context, /, **options: Any) -> None:
     """fedrl participant: trains locally and federates with a fedrl server.
 
-    Without a subcommand it trains, e.g.
-    `fedrl-client --participant-id Макар --offline --env CartPole-v1 --episodes 500`.
+    Without a subcommand it trains with the session on --server, e.g.
+    `fedrl-client --participant-id Макар --server host:7443 --env CartPole-v1`,
+    or alone with --offline. `--episodes 0` prints the session's status.
     """
     if ctx.invoked_subcommand is not None:
         return
-    if not options.get("participant_id"):
-        raise click.UsageError("--participant-id is required to train")
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         config = config_from_options(options)
-        if not config.offline:
-            raise click.UsageError(
-                "training with a server is not available yet; pass --offline to train alone"
-            )
-        train_offline(config)
-    except (ValueError, StateError) as exc:
+        if config.episodes == 0:
+            if config.offline:
+                raise click.UsageError("--episodes 0 shows the session's status: drop --offline")
+            print_status(config)
+            return
+        if config.offline:
+            if not config.participant_id:
+                raise click.UsageError("--participant-id is required to train")
+            train_offline(config)
+        else:
+            train_federated(resolve_participant_id(config))
+    except (ValueError, StateError, SyncError, FederationError, TlsMaterialError) as exc:
         raise click.ClickException(str(exc)) from exc
 
 
@@ -74,10 +98,11 @@ def train_offline(config: TrainConfig) -> Counters:
                 err=True,
             )
         engine.start()
+        goal = engine.counters.episodes + config.episodes
         reporter = ProgressReporter(interval_s=config.log_interval)
         progress = TrainingProgress(
             reporter,
-            target=config.episodes,
+            target=goal,
             epsilon=mean_epsilon(
                 max(1, config.engine.workers) * config.engine.envs_per_worker,
                 base=config.engine.exploration_base,
@@ -91,7 +116,7 @@ def train_offline(config: TrainConfig) -> Counters:
             progress(engine.counters, result)
 
         def done(c: Counters) -> bool:
-            return c.episodes >= config.episodes or 0 < config.max_env_steps <= c.env_steps
+            return c.episodes >= goal or 0 < config.max_env_steps <= c.env_steps
 
         try:
             engine.run(done, on_poll=on_poll)
@@ -111,6 +136,169 @@ def train_offline(config: TrainConfig) -> Counters:
         engine.close()
         state.close()
         signal.signal(signal.SIGTERM, previous)
+
+
+def train_federated(config: TrainConfig) -> Counters:
+    """Trains with the session on config.server until this run's episodes or the session goal.
+
+    The session is joined before anything is written, so a refused model
+    (another env or network) exits with the server's reason and leaves the
+    state dir as it was. Ctrl-C or SIGTERM stops at the next round, pushes
+    and saves. At the end the session's status table is printed.
+    """
+    identity = ModelIdentity(
+        env=config.engine.env,
+        architecture=architecture_name(config.learner.hidden, config.learner.dueling),
+    )
+    state = StateDir(config.state_dir, config.participant_id, identity)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    engine = TrainingEngine(config.engine, config.learner)
+    sync: SyncLoop | None = None
+    try:
+        autosave = Autosaver(
+            state,
+            engine,
+            model_every=config.save_model_every,
+            progress_every=config.save_progress_every,
+        )
+        autosave.resume()
+        spec = model_spec(
+            config.engine.env, engine.weights(), identity.architecture, data=config.engine.data
+        )
+        sync = SyncLoop(
+            engine,
+            state_dir=state.path / "sync" / config.session,
+            participant_id=config.participant_id,
+            session=config.session,
+            spec=spec,
+            channel_factory=lambda: _channel(config),
+            sync_interval=config.sync_interval,
+            delta_dtype=config.delta_dtype,
+        )
+        joined = sync.start()
+        if engine.counters.episodes:
+            click.echo(
+                f"resuming {state.participant_id} at episode {engine.counters.episodes}, "
+                f"{engine.counters.env_steps} env steps",
+                err=True,
+            )
+        if joined is not None and config.total_episodes:
+            goal = sync.raise_goal(config.total_episodes)
+            click.echo(f"session goal: {goal.total_episodes} episodes", err=True)
+        engine.start()
+        start = engine.counters.episodes
+        reporter = ProgressReporter(interval_s=config.log_interval)
+        progress = TrainingProgress(
+            reporter,
+            target=start + config.episodes,
+            epsilon=mean_epsilon(
+                max(1, config.engine.workers) * config.engine.envs_per_worker,
+                base=config.engine.exploration_base,
+                alpha=config.engine.exploration_alpha,
+            ),
+            replay_size=lambda: len(engine.learner.replay),
+        )
+        interrupted = False
+        try:
+            while True:
+                result = engine.poll()
+                autosave(result)
+                sync.after_poll(result)
+                counters = engine.counters
+                progress(counters, result, sync.view)
+                if sync.goal_reached:
+                    reporter.write("the session reached its goal")
+                    break
+                if counters.episodes - start >= config.episodes or (
+                    0 < config.max_env_steps <= counters.env_steps
+                ):
+                    break
+        except KeyboardInterrupt:
+            interrupted = True
+            reporter.write("interrupted: pushing and saving")
+        finally:
+            reporter.close()
+        left = sync.finish(flush_timeout_s=10.0 if interrupted else 60.0)
+        autosave.save_all()
+        counters = engine.counters
+        view = sync.view
+        click.echo(
+            f"stopped at episode {counters.episodes} ({counters.episodes - start} this run), "
+            f"{counters.env_steps} env steps; best local evaluation {_fmt(counters.best_eval)}; "
+            f"{view.acknowledged} updates acknowledged ({view.duplicates} recognised as resent); "
+            f"state in {state.path}" + (f"; {left} updates wait in the outbox" if left else ""),
+            err=True,
+        )
+        if view.connected:
+            _echo_status(sync.status(), state.path)
+        return counters
+    finally:
+        if sync is not None:
+            sync.close()
+        engine.close()
+        state.close()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def print_status(config: TrainConfig) -> None:
+    """`--episodes 0`: the session's global state as tables; reads only, changes nothing."""
+
+    # Over TLS the server checks the id a call names against the credentials.
+    pid = config.participant_id
+    if not pid and config.bundle:
+        pid = ParticipantBundle.read(Path(config.bundle)).participant_id
+
+    async def fetch() -> pb.StatusReply:
+        async with _channel(config) as channel:
+            client = FederationClient(
+                channel, participant_id=pid or "status", session=config.session
+            )
+            return await client.status(max_versions=10)
+
+    reply = asyncio.run(fetch())
+    if not reply.sessions:
+        raise click.ClickException(f"the server has no session {config.session!r} yet")
+    _echo_status(reply, None)
+
+
+def _echo_status(reply: pb.StatusReply, local: Path | None) -> None:
+    click.echo(render_status(reply))
+    for session in reply.sessions:
+        if session.best_checkpoint:
+            best = session.best_eval_return if session.HasField("best_eval_return") else None
+            click.echo(
+                f"best global model of {session.session!r}: version {session.best_version} "
+                f"(evaluation {_fmt(best)}), {session.best_checkpoint} under the server's data dir"
+            )
+    if local is not None and (local / "best.pt").exists():
+        click.echo(f"this participant's best local model: {local / 'best.pt'}")
+
+
+def _channel(config: TrainConfig) -> grpc.aio.Channel:
+    try:
+        return open_channel(
+            config.server,
+            ca_cert=Path(config.ca_cert) if config.ca_cert else None,
+            bundle=ParticipantBundle.read(Path(config.bundle)) if config.bundle else None,
+            insecure=config.insecure,
+        )
+    except ChannelSecurityError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def resolve_participant_id(config: TrainConfig) -> TrainConfig:
+    """The config with a participant id: the one given, or one generated once and remembered."""
+    if config.participant_id:
+        return config
+    path = config.state_dir / PARTICIPANT_ID_FILE
+    if path.exists():
+        pid = validate_participant_id(path.read_text(encoding="utf-8").strip())
+    else:
+        pid = f"participant-{secrets.token_hex(4)}"
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(pid + "\n", encoding="utf-8")
+        click.echo(f"no --participant-id given: you are {pid} (remembered in {path})", err=True)
+    return dataclasses.replace(config, participant_id=pid)
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:

@@ -30,11 +30,28 @@ class TrainConfig:
     """The training command: who trains, how long, where state lives, and the engine and learner."""
 
     participant_id: str = ""
-    """Who trains: names the state dir (Unicode allowed). Required."""
+    """Who trains: names the state dir (Unicode allowed). Generated and remembered when absent
+    (federated runs; --offline needs one)."""
+    server: str = "localhost:7443"
+    """Aggregation server as host:port."""
+    session: str = "default"
+    """Session to join; the first participant creates it."""
     offline: bool = False
-    """Train alone without a server (federated sync is not available yet)."""
+    """Train alone, without a server."""
     episodes: int = 1_000
-    """Stop once this participant has this many episodes in total, resumed ones included."""
+    """Episodes to train in this run; 0 prints the session's status and exits."""
+    total_episodes: int = 0
+    """Raise the session's total-episodes goal to this before training (0: leave it)."""
+    sync_interval: int = 10
+    """Episodes between pushes of this participant's progress to the server."""
+    delta_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """Wire type of pushed weight deltas (zstd-compressed in any case)."""
+    ca_cert: str = ""
+    """CA certificate (PEM file) that verifies a TLS server; empty for none."""
+    bundle: str = ""
+    """Participant bundle (PEM file from `fedrl-server issue`) for mutual TLS; empty for none."""
+    insecure: bool = False
+    """Allow plaintext to a server that is not on this machine (everything travels readable)."""
     max_env_steps: int = 0
     """Also stop once this many env steps are done in total; 0 for no limit."""
     state_dir: Path = Path("fedrl-state")
@@ -51,9 +68,12 @@ class TrainConfig:
     """The DQN learner."""
 
     def __post_init__(self) -> None:
-        for name in ("episodes", "save_model_every", "save_progress_every"):
+        for name in ("save_model_every", "save_progress_every", "sync_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("episodes", "total_episodes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.max_env_steps < 0:
             raise ValueError(f"max_env_steps must be >= 0, got {self.max_env_steps}")
         if not self.log_interval > 0:

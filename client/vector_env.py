@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -40,7 +41,7 @@ def make_vector_env(env_id: str, num_envs: int, data: str | None = None) -> gym.
     except gym.error.Error as exc:
         raise ValueError(f"unknown Gymnasium env id {env_id!r}: {exc}") from exc
     mode = "vector_entry_point" if spec.vector_entry_point is not None else "sync"
-    options = {} if data is None else {"data": data}
+    options: dict[str, Any] = {} if data is None else {"data": data}
     env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=mode, **options)
     env_shape(env)
     return env

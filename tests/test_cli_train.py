@@ -78,13 +78,6 @@ def test_a_second_run_resumes_the_counters(tmp_path: Path) -> None:
     assert episodes == list(range(1, len(episodes) + 1)) and len(episodes) >= 40
 
 
-def test_training_without_offline_says_what_to_do(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["--participant-id", "ann", "--state-dir", str(tmp_path)])
-
-    assert result.exit_code != 0
-    assert "pass --offline" in result.output
-
-
 def test_training_without_a_participant_id_is_a_usage_error() -> None:
     result = CliRunner().invoke(main, ["--offline"])
 

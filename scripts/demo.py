@@ -1,0 +1,198 @@
+"""`make demo`: a server and two participants train CartPole-v1 together on this machine.
+
+Starts `fedrl-server` on localhost with its defaults (data under the run
+directory), then two `fedrl-client` participants, "Макар" and "alice", at the
+same time, until the session's modest goal is reached. While they train it
+prints one line of global progress every few seconds (their own output goes
+to log files in the run directory); at the end it prints the session's
+status table, as `fedrl-client --episodes 0` shows it, and where the best
+models are.
+
+Every process it starts is stopped when it ends, also on Ctrl-C, SIGTERM or an
+error: participants, then the server, get SIGTERM and time to save, then
+SIGKILL. SIGTERM rather than SIGINT, because a shell starts background jobs
+with SIGINT ignored and children inherit that. The children run in sessions
+of their own, so a Ctrl-C reaches only this script, which signals each child
+exactly once (a second signal would cut a participant's final save short).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+import grpc
+
+from fedrl.proto.v1 import federation_pb2 as pb
+from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
+
+SERVER = [sys.executable, "-c", "from fedrl.server.cli import main; main()"]
+CLIENT = [sys.executable, "-c", "from fedrl.client.cli import main; main()"]
+PARTICIPANTS = ("Макар", "alice")
+_LISTENING = re.compile(r"listening on (\S+):(\d+)")
+# Seconds a process gets to save and exit after SIGTERM before SIGKILL.
+STOP_GRACE_S = 30.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--goal", type=int, default=400, help="session goal in episodes")
+    parser.add_argument("--port", type=int, default=7443, help="server port (0: any free one)")
+    parser.add_argument(
+        "--dir", type=Path, default=Path("fedrl-demo"), help="where each run gets a folder"
+    )
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    run_dir = args.dir / datetime.now().strftime("run-%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True)
+    server: subprocess.Popen[str] | None = None
+    participants: list[subprocess.Popen[str]] = []
+    try:
+        server, address = start_server(run_dir, args.port, args.goal)
+        print(f"server on {address}, data in {run_dir / 'server'}", flush=True)
+        participants = [start_participant(run_dir, address, pid) for pid in PARTICIPANTS]
+        print(
+            f"participants {', '.join(PARTICIPANTS)} training (logs: {run_dir}/*.log)", flush=True
+        )
+        watch(address, participants)
+        failed = [p for p in participants if p.returncode != 0]
+        print_status(address, run_dir)
+        for participant in failed:
+            print(f"a participant exited with status {participant.returncode}", file=sys.stderr)
+        return 1 if failed else 0
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopping participants and server", file=sys.stderr)
+        return 130
+    finally:
+        # Further Ctrl-C must not cut the cleanup short and orphan a child;
+        # every child is killed after its grace period anyway.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # Participants first (they push and save), then the server.
+        stop_all(participants, signal.SIGTERM)
+        if server is not None:
+            stop_all([server], signal.SIGTERM)
+
+
+def start_server(run_dir: Path, port: int, goal: int) -> tuple[subprocess.Popen[str], str]:
+    log = (run_dir / "server.log").open("w", encoding="utf-8")
+    server = subprocess.Popen(
+        [
+            *SERVER,
+            "serve",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(run_dir / "server"),
+            "--goal-episodes",
+            str(goal),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )
+    assert server.stdout is not None
+    for line in server.stdout:
+        match = _LISTENING.search(line)
+        if match:
+            return server, f"{match[1]}:{match[2]}"
+    stop_all([server], signal.SIGTERM)
+    raise SystemExit(f"the server did not start; see {run_dir / 'server.log'}")
+
+
+def start_participant(run_dir: Path, address: str, participant_id: str) -> subprocess.Popen[str]:
+    # Two participants share the machine: each gets half the cores, one of
+    # which is its learner's (fewer than two left: actors run in-process).
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    workers = max(0, (cores or 1) // 2 - 1)
+    log = (run_dir / f"{participant_id}.log").open("w", encoding="utf-8")
+    return subprocess.Popen(
+        [
+            *CLIENT,
+            "--participant-id",
+            participant_id,
+            "--server",
+            address,
+            "--env",
+            "CartPole-v1",
+            "--episodes",
+            "1000000",
+            "--workers",
+            str(workers),
+            "--state-dir",
+            str(run_dir / "participants"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )
+
+
+def watch(address: str, participants: Sequence[subprocess.Popen[str]]) -> None:
+    """One progress line every few seconds until every participant has exited."""
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.FederationStub(channel)  # type: ignore[no-untyped-call]
+        while any(p.poll() is None for p in participants):
+            time.sleep(3.0)
+            try:
+                reply = stub.Status(pb.StatusRequest(max_versions=1), timeout=5)
+            except grpc.RpcError:
+                continue
+            for session in reply.sessions:
+                best = (
+                    f"{session.best_eval_return:.1f}"
+                    if session.HasField("best_eval_return")
+                    else "-"
+                )
+                print(
+                    f"global {session.goal.episodes_done}/{session.goal.total_episodes} episodes"
+                    f"  version {session.current_version}  best eval {best}"
+                    f"  active {session.active_participants}",
+                    flush=True,
+                )
+
+
+def print_status(address: str, run_dir: Path) -> None:
+    """The session's status as `fedrl-client --episodes 0` prints it, and where the models are."""
+    subprocess.run([*CLIENT, "--server", address, "--episodes", "0"], check=False)
+    for participant in PARTICIPANTS:
+        best = run_dir / "participants" / participant / "best.pt"
+        if best.exists():
+            print(f"{participant}'s best local model: {best}")
+    print(
+        f"the server's checkpoints (the best global one named above) are under {run_dir / 'server'}"
+    )
+
+
+def stop_all(processes: Sequence[subprocess.Popen[str]], signum: int) -> None:
+    """Ask children to stop, give them time to save together, then kill what is left."""
+    running = [p for p in processes if p.poll() is None]
+    for process in running:
+        process.send_signal(signum)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for process in running:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""The sync loop in one process: real engines (serial mode), a real server on port 0, real files."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from server_harness import InProcessServer, server_config
+
+from fedrl.client.backoff import BackoffPolicy
+from fedrl.client.engine import EngineConfig, TrainingEngine
+from fedrl.client.federation_client import build_update
+from fedrl.client.learner import LearnerConfig
+from fedrl.client.network import architecture_name
+from fedrl.client.outbox import Outbox
+from fedrl.client.sync import (
+    SyncError,
+    SyncLoop,
+    SyncState,
+    load_sync_state,
+    model_spec,
+    save_sync_state,
+)
+from fedrl.proto.v1 import federation_pb2 as pb
+from fedrl.proto.v1 import tensor_pb2 as tpb
+
+SMALL = LearnerConfig(hidden=(32, 32), learning_starts=64, batch_size=32, device="cpu")
+FAST_RETRY = BackoffPolicy(base_s=0.1, cap_s=0.5)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def make_engine(learner: LearnerConfig = SMALL) -> TrainingEngine:
+    return TrainingEngine(
+        EngineConfig(workers=0, envs_per_worker=2, eval_interval=500, eval_episodes=3), learner
+    )
+
+
+@contextmanager
+def participant(
+    address: str,
+    state_dir: Path,
+    participant_id: str,
+    *,
+    learner: LearnerConfig = SMALL,
+    sync_interval: int = 5,
+) -> Iterator[tuple[TrainingEngine, SyncLoop]]:
+    """A started engine and its sync loop (joined if the server answers); both closed after."""
+    engine = make_engine(learner)
+    spec = model_spec(
+        "CartPole-v1", engine.weights(), architecture_name(learner.hidden, learner.dueling)
+    )
+    loop = SyncLoop(
+        engine,
+        state_dir=state_dir,
+        participant_id=participant_id,
+        session="default",
+        spec=spec,
+        channel_factory=lambda: grpc.aio.insecure_channel(address),
+        sync_interval=sync_interval,
+        backoff=FAST_RETRY,
+        poll_interval_s=0.2,
+    )
+    try:
+        loop.start(connect_timeout_s=3.0)
+        engine.start()
+        yield engine, loop
+    finally:
+        loop.close()
+        engine.close()
+
+
+def train_until_goal(*pairs: tuple[TrainingEngine, SyncLoop], limit_s: float = 120.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not all(loop.goal_reached for _, loop in pairs):
+        assert time.monotonic() < deadline, "the session goal was not reached in time"
+        for engine, loop in pairs:
+            if not loop.goal_reached:
+                loop.after_poll(engine.poll())
+
+
+def participants_on_server(server: InProcessServer) -> dict[str, pb.ParticipantState]:
+    status = server.stub().Status(pb.StatusRequest(session="default"))
+    return {p.participant_id: p for p in status.sessions[0].participants}
+
+
+def test_two_participants_reach_the_goal_and_their_contributions_add_up(tmp_path: Path) -> None:
+    config = server_config(tmp_path / "server", buffer_size=2, goal_episodes=40)
+    with (
+        InProcessServer(config) as server,
+        participant(server.address, tmp_path / "a", "Макар") as first,
+        participant(server.address, tmp_path / "b", "alice") as second,
+    ):
+        train_until_goal(first, second)
+        left = [loop.finish() for _, loop in (first, second)]
+        local = {"Макар": first[0].counters.episodes, "alice": second[0].counters.episodes}
+        on_server = participants_on_server(server)
+        goal = server.stub().GetVersion(pb.GetVersionRequest(session="default")).goal
+
+    assert left == [0, 0]
+    assert goal.reached
+    assert {pid: p.episodes for pid, p in on_server.items()} == local
+    assert sum(local.values()) == goal.episodes_done
+    assert all(p.updates_accepted > 0 and p.updates_duplicate == 0 for p in on_server.values())
+
+
+def test_incompatible_model_is_refused_at_start_and_leaves_no_state(tmp_path: Path) -> None:
+    with InProcessServer(server_config(tmp_path / "server")) as server:
+        with participant(server.address, tmp_path / "a", "alice"):
+            pass
+        other = LearnerConfig(hidden=(16,), learning_starts=64, device="cpu")
+
+        with (
+            pytest.raises(SyncError, match="differs from session"),
+            participant(server.address, tmp_path / "b", "bob", learner=other),
+        ):
+            pass
+
+    assert not (tmp_path / "b").exists()
+
+
+def test_participant_trains_while_the_server_is_down_and_joins_when_it_comes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    config = server_config(tmp_path / "server", port=port, goal_episodes=20, buffer_size=1)
+    with (
+        caplog.at_level(logging.WARNING, logger="fedrl.client.sync"),
+        participant(address, tmp_path / "a", "alice") as pair,
+    ):
+        engine, loop = pair
+        while engine.counters.episodes < 12:
+            loop.after_poll(engine.poll())
+        offline_episodes = engine.counters.episodes
+        assert not loop.view.connected
+        with InProcessServer(config) as server:
+            train_until_goal(pair)
+            loop.finish()
+            on_server = participants_on_server(server)
+
+    assert "server unreachable" in caplog.text
+    # Everything trained before the server came up was pushed too.
+    assert on_server["alice"].episodes == engine.counters.episodes >= offline_episodes
+
+
+def test_restart_folds_an_update_written_just_before_a_crash(tmp_path: Path) -> None:
+    engine = make_engine()
+    reference = [(name, np.zeros_like(array)) for name, array in engine.weights()]
+    engine.close()
+    state_dir = tmp_path / "sync"
+    save_sync_state(
+        state_dir / "state.npz",
+        SyncState(
+            base_version=3,
+            sequence=0,
+            pushed_episodes=10,
+            pushed_env_steps=200,
+            saved_episodes=10,
+            saved_env_steps=200,
+            reference=reference,
+            local=reference,
+        ),
+    )
+    delta = [(name, np.full_like(array, 0.5)) for name, array in reference]
+    # Written to the outbox, then the process died before the state file.
+    Outbox(state_dir / "outbox").add(
+        "update",
+        lambda sequence: [
+            m.SerializeToString()
+            for m in build_update(
+                session="default",
+                participant_id="alice",
+                sequence=sequence,
+                base_version=3,
+                env_steps=100,
+                episodes=5,
+                samples=100,
+                metrics=pb.UpdateMetrics(),
+                spec_hash="0" * 64,
+                delta=delta,
+                dtype=tpb.DTYPE_BFLOAT16,
+            )
+        ],
+    )
+
+    engine = make_engine()
+    spec = model_spec("CartPole-v1", engine.weights(), architecture_name(SMALL.hidden, True))
+    loop = SyncLoop(
+        engine,
+        state_dir=state_dir,
+        participant_id="alice",
+        session="default",
+        spec=spec,
+        channel_factory=lambda: grpc.aio.insecure_channel(f"127.0.0.1:{free_port()}"),
+        backoff=FAST_RETRY,
+    )
+    try:
+        assert loop.start(connect_timeout_s=1.0) is None
+        restored = load_sync_state(state_dir / "state.npz")
+        weights = engine.weights()
+        counters = engine.counters
+    finally:
+        loop.close()
+        engine.close()
+
+    assert restored is not None
+    assert restored.sequence == 1
+    assert (restored.pushed_episodes, restored.pushed_env_steps) == (15, 300)
+    for (_, got), (_, local) in zip(restored.reference, weights, strict=True):
+        np.testing.assert_array_equal(got, 0.5)
+        np.testing.assert_array_equal(local, 0.5)
+    assert (counters.episodes, counters.env_steps) == (15, 300)
+
+
+def test_sync_state_round_trips_and_a_damaged_file_is_refused(tmp_path: Path) -> None:
+    arrays = [("w", np.arange(6, dtype=np.float32).reshape(2, 3)), ("b", np.ones(3, np.float32))]
+    state = SyncState(4, 7, 30, 600, 33, 660, arrays, [(n, a * 2) for n, a in arrays])
+    path = tmp_path / "state.npz"
+
+    save_sync_state(path, state)
+    loaded = load_sync_state(path)
+    path.write_bytes(path.read_bytes()[:100])
+
+    assert loaded is not None
+    assert (loaded.base_version, loaded.sequence, loaded.saved_env_steps) == (4, 7, 660)
+    np.testing.assert_array_equal(loaded.local[0][1], arrays[0][1] * 2)
+    with pytest.raises(SyncError, match="cannot be read"):
+        load_sync_state(path)
+    assert load_sync_state(tmp_path / "missing.npz") is None
+
+
+def test_updates_refused_as_stale_go_into_the_next_update_and_nothing_is_lost(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # With max staleness 0, every update based on anything but the newest
+    # version is refused: the two participants keep outrunning each other.
+    config = server_config(tmp_path / "server", buffer_size=1, goal_episodes=60, max_staleness=0)
+    with (
+        caplog.at_level(logging.WARNING, logger="fedrl.client.sync"),
+        InProcessServer(config) as server,
+        participant(server.address, tmp_path / "a", "Макар") as first,
+        participant(server.address, tmp_path / "b", "alice") as second,
+    ):
+        # With no staleness allowed the two participants keep refusing each
+        # other's updates until one re-bases in time: slow on a loaded machine.
+        train_until_goal(first, second, limit_s=300.0)
+        for _, loop in (first, second):
+            loop.finish()
+        local = {"Макар": first[0].counters.episodes, "alice": second[0].counters.episodes}
+        on_server = participants_on_server(server)
+
+    assert "refused as too stale" in caplog.text
+    assert {pid: p.episodes for pid, p in on_server.items()} == local
