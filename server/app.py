@@ -8,26 +8,35 @@ last version and closes the database.
 
 Other services (experience exchange, later) join through `extra_services`:
 each is a ServiceRegistration, so this file does not change to add one.
+
+Transport: TLS whenever `<data-dir>/tls` holds material (`fedrl-server
+init-tls`), with client certificates or, with --token-auth, bearer tokens;
+plaintext only on loopback or with --insecure. Every call passes the
+AuthInterceptor before any handler, so no method can forget to authenticate.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError as ProtobufDecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from fedrl.common.chunking import DecodeLimits
+from fedrl.common.tls import TlsPaths
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.server.aggregation import Strategy
-from fedrl.server.config import ServerConfig, is_loopback
+from fedrl.server.auth import HEALTH_METHODS, AuthInterceptor, InsecureBindError, server_transport
+from fedrl.server.config import ServerConfig
 from fedrl.server.service import FederationServicer
 from fedrl.server.session import Federation
 
@@ -36,8 +45,8 @@ log = logging.getLogger(__name__)
 FEDERATION_SERVICE = pb.DESCRIPTOR.services_by_name["Federation"].full_name
 
 
-class InsecureAddressError(ValueError):
-    """Plaintext gRPC on an address other machines can reach."""
+InsecureAddressError = InsecureBindError
+"""Plaintext on an address other machines can reach, without --insecure (auth.py decides)."""
 
 
 @dataclass(frozen=True)
@@ -76,13 +85,95 @@ def server_options(config: ServerConfig) -> list[tuple[str, Any]]:
     ]
 
 
-def check_bind(host: str) -> None:
-    """Refuse plaintext on a reachable address: ids and weights would cross in clear."""
-    if not is_loopback(host):
-        raise InsecureAddressError(
-            f"refusing to serve plaintext gRPC on {host}: other machines could read and forge "
-            "updates. Bind 127.0.0.1 (e.g. behind an SSH tunnel) until TLS is configured."
+class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # no stubs
+    """Answers INVALID_ARGUMENT, naming the parse error, for request bytes that do not parse.
+
+    grpc-python reports a request it cannot deserialise as UNKNOWN
+    ("Unexpected DecodeError"), which reads like a server bug; bytes that are
+    not the method's message are the caller's error. The deserialiser is
+    wrapped to hand the handler a marker instead of raising, and the marker
+    is refused before the servicer sees it.
+    """
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        return _parse_guarded(handler)
+
+
+@dataclass(frozen=True)
+class _Malformed:
+    """What the wrapped deserialiser returns for bytes that do not parse."""
+
+    reason: str
+
+
+def _parse_guarded(handler: Any) -> grpc.RpcMethodHandler:
+    parse = handler.request_deserializer
+
+    def tolerant(raw: bytes) -> Any:
+        try:
+            return parse(raw)
+        except ProtobufDecodeError as exc:
+            return _Malformed(str(exc))
+
+    codec = {"request_deserializer": tolerant, "response_serializer": handler.response_serializer}
+    if not handler.request_streaming and not handler.response_streaming:
+        inner = handler.unary_unary
+
+        async def unary_unary(request: Any, context: Any) -> Any:
+            await _refuse_malformed(request, context)
+            return await _awaited(inner(request, context))
+
+        return grpc.unary_unary_rpc_method_handler(unary_unary, **codec)
+    if not handler.response_streaming:
+        inner = handler.stream_unary
+
+        async def stream_unary(requests: Any, context: Any) -> Any:
+            return await _awaited(inner(_parsed(requests, context), context))
+
+        return grpc.stream_unary_rpc_method_handler(stream_unary, **codec)
+    streaming = handler.stream_stream if handler.request_streaming else handler.unary_stream
+
+    async def streamed(request: Any, context: Any) -> AsyncIterator[Any]:
+        if handler.request_streaming:
+            request = _parsed(request, context)
+        else:
+            await _refuse_malformed(request, context)
+        result = streaming(request, context)
+        # A streaming handler either yields its responses or awaits context.write.
+        if inspect.isasyncgen(result):
+            async for response in result:
+                yield response
+        else:
+            await _awaited(result)
+
+    if handler.request_streaming:
+        return grpc.stream_stream_rpc_method_handler(streamed, **codec)
+    return grpc.unary_stream_rpc_method_handler(streamed, **codec)
+
+
+async def _refuse_malformed(request: Any, context: Any) -> None:
+    if isinstance(request, _Malformed):
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {request.reason}"
         )
+
+
+async def _parsed(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+    async for request in requests:
+        await _refuse_malformed(request, context)
+        yield request
+
+
+async def _awaited(value: Any) -> Any:
+    """A handler's answer, whether it was written async (the norm) or as a plain function."""
+    return await value if inspect.isawaitable(value) else value
 
 
 @dataclass
@@ -122,15 +213,32 @@ async def run_server(
     `strategy`, when given, makes each session's aggregation strategy instead
     of the one config.strategy names.
     """
-    check_bind(config.host)
+    # Decided before anything is opened: a refused address touches no state.
+    transport = server_transport(
+        config.host,
+        TlsPaths.for_data_dir(config.data_dir),
+        token_auth=config.token_auth,
+        insecure=config.insecure,
+    )
     federation = await Federation.open(config, strategy=strategy)
     try:
-        server = grpc.aio.server(options=server_options(config), interceptors=list(interceptors))
+        server = grpc.aio.server(
+            options=server_options(config),
+            interceptors=[
+                # First: a caller who is not authenticated learns nothing, not even
+                # a parse error. Health checks stay open to probes without credentials.
+                AuthInterceptor(transport.authenticator, exempt=HEALTH_METHODS),
+                MalformedRequestInterceptor(),
+                *interceptors,
+            ],
+        )
         limits = DecodeLimits(
             max_total_raw_bytes=config.max_model_bytes,
             max_chunk_bytes=config.chunk_bytes,
         )
-        servicer = FederationServicer(federation, limits=limits, chunk_bytes=config.chunk_bytes)
+        servicer = FederationServicer(
+            federation, limits=limits, chunk_bytes=config.chunk_bytes, call_limits=config.limits
+        )
         pb_grpc.add_FederationServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
         for service in extra_services:
             service.add(server)
@@ -144,14 +252,18 @@ async def run_server(
         )
         address = f"{_host_for_grpc(config.host)}:{config.port}"
         try:
-            port = server.add_insecure_port(address)
+            if transport.credentials is None:
+                port = server.add_insecure_port(address)
+            else:
+                port = server.add_secure_port(address, transport.credentials)
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {address} (in use?): {exc}") from None
         await server.start()
     except BaseException:
         await federation.close()
         raise
-    log.info("serving on %s:%d, data in %s", config.host, port, config.data_dir)
+    security = "plaintext" if transport.credentials is None else transport.authenticator.mode
+    log.info("serving on %s:%d (%s), data in %s", config.host, port, security, config.data_dir)
     running = RunningServer(
         server, federation, servicer, health_servicer, config.grace_s, tuple(extra_services)
     )

@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 import click
 import grpc
 
+from fedrl.common.identity import id_to_metadata
+from fedrl.common.tls import ParticipantBundle, TlsMaterialError
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.server.app import ServiceRegistration, serve
@@ -47,15 +49,26 @@ def option_name(field_name: str) -> str:
 
 
 def config_options(command: F) -> F:
-    """One click option per ServerConfig field, with its default and help."""
+    """One click option per ServerConfig field, with its default and help.
+
+    A bool field is a flag (`--insecure`), a tuple field a repeatable option
+    (`--session-strategy`, once per session).
+    """
     for item in reversed(dataclasses.fields(ServerConfig)):
+        kind: dict[str, Any]
+        if item.type == "bool":
+            kind = {"is_flag": True}
+        elif item.type == "tuple[str, ...]":
+            kind = {"type": str, "multiple": True}
+        else:
+            kind = {"type": _CLICK_TYPES[item.type]}
         decorator = click.option(
             option_name(item.name),
             item.name,
-            type=_CLICK_TYPES[item.type],
             default=getattr(_DEFAULTS, item.name),
             show_default=True,
             help=item.metadata["help"],
+            **kind,
         )
         command = decorator(command)
     return command
@@ -137,17 +150,50 @@ def status_command(data_dir: Path, session: str, versions: int) -> None:
 @click.option("--address", default=f"127.0.0.1:{_DEFAULTS.port}", show_default=True)
 @click.option("--session", default=DEFAULT_SESSION, show_default=True)
 @click.option("--total-episodes", type=int, required=True, help="The new total-episodes goal.")
-def raise_goal_command(address: str, session: str, total_episodes: int) -> None:
+@click.option(
+    "--bundle",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Bundle from `fedrl-server issue` to call a TLS server with (the operator's own).",
+)
+def raise_goal_command(
+    address: str, session: str, total_episodes: int, bundle: Path | None
+) -> None:
     """Raise a running session's goal so its participants continue."""
-    with grpc.insecure_channel(address) as channel:
+    channel, metadata = _operator_channel(address, bundle)
+    with channel:
         stub = pb_grpc.FederationStub(channel)  # type: ignore[no-untyped-call]
         try:
             goal = stub.RaiseGoal(
-                pb.RaiseGoalRequest(session=session, total_episodes=total_episodes), timeout=30
+                pb.RaiseGoalRequest(session=session, total_episodes=total_episodes),
+                metadata=metadata,
+                timeout=30,
             )
         except grpc.RpcError as exc:
             raise click.ClickException(f"{exc.code().name}: {exc.details()}") from None
     click.echo(f"session {session}: goal {goal.total_episodes}, done {goal.episodes_done}")
+
+
+def _operator_channel(
+    address: str, bundle_path: Path | None
+) -> tuple[grpc.Channel, list[tuple[str, bytes]]]:
+    """A channel for operator calls and the metadata naming the caller.
+
+    A TLS server authenticates every call, the operator's too: with a bundle
+    the call goes over mutual TLS as the bundle's participant.
+    """
+    if bundle_path is None:
+        return grpc.insecure_channel(address), []
+    try:
+        bundle = ParticipantBundle.read(bundle_path)
+    except TlsMaterialError as exc:
+        raise click.ClickException(str(exc)) from None
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=bundle.ca_pem,
+        private_key=bundle.key_pem,
+        certificate_chain=bundle.cert_pem,
+    )
+    return grpc.secure_channel(address, credentials), [id_to_metadata(bundle.participant_id)]
 
 
 # TLS material for participants (the security issue's commands).

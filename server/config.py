@@ -7,12 +7,15 @@ fields match one to one.
 
 from __future__ import annotations
 
-import ipaddress
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedrl.common.identity import validate_participant_id
+from fedrl.server.limits import LimitsConfig
+
 STRATEGIES = ("mean", "trimmed_mean", "median")
-LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
+_LIMITS = LimitsConfig()
 
 
 def doc(help: str) -> dict[str, str]:
@@ -99,6 +102,52 @@ class ServerConfig:
     grace_s: float = field(
         default=10.0, metadata=doc("On SIGTERM/SIGINT, seconds in-flight calls get to finish.")
     )
+    session_strategy: tuple[str, ...] = field(
+        default=(),
+        metadata=doc("One session's strategy as SESSION=STRATEGY, overriding --strategy; repeat."),
+    )
+    max_update_norm: float = field(
+        default=0.0,
+        metadata=doc("Refuse an update whose L2 norm exceeds this (0: no bound, trusted groups)."),
+    )
+    token_auth: bool = field(
+        default=False,
+        metadata=doc("Authenticate by per-participant token over one-way TLS, not client certs."),
+    )
+    insecure: bool = field(
+        default=False,
+        metadata=doc("Allow plaintext off loopback (trusted networks only); never turns TLS off."),
+    )
+    max_streams_per_participant: int = field(
+        default=_LIMITS.max_streams_per_participant,
+        metadata=doc("Streaming calls one participant may have open at once."),
+    )
+    push_rate_per_s: float = field(
+        default=_LIMITS.push_rate_per_s,
+        metadata=doc("Sustained pushes (updates and seeds) per second per participant."),
+    )
+    push_burst: int = field(
+        default=_LIMITS.push_burst,
+        metadata=doc("Pushes a participant may send back to back before the rate applies."),
+    )
+    stream_idle_timeout_s: float = field(
+        default=_LIMITS.stream_idle_timeout_s,
+        metadata=doc("A half-finished upload that sends nothing for this long is dropped."),
+    )
+
+    @property
+    def limits(self) -> LimitsConfig:
+        """The per-participant call limits, as fedrl.server.limits takes them."""
+        return LimitsConfig(
+            max_streams_per_participant=self.max_streams_per_participant,
+            push_rate_per_s=self.push_rate_per_s,
+            push_burst=self.push_burst,
+            stream_idle_timeout_s=self.stream_idle_timeout_s,
+        )
+
+    def strategy_for(self, session: str) -> str:
+        """The aggregation strategy of a session: its own if --session-strategy names it."""
+        return _strategies_by_session(self.session_strategy).get(session, self.strategy)
 
     def __post_init__(self) -> None:
         """Refuse bad settings at start, with what to change, not at the first push."""
@@ -137,6 +186,11 @@ class ServerConfig:
             raise ValueError(f"trim_fraction must be in [0, 0.5), got {self.trim_fraction}")
         if self.clip_norm < 0 or self.server_lr <= 0 or self.staleness_exponent < 0:
             raise ValueError("clip_norm and staleness_exponent must be >= 0, server_lr > 0")
+        if not (math.isfinite(self.max_update_norm) and self.max_update_norm >= 0):
+            raise ValueError(f"max_update_norm must be finite and >= 0, got {self.max_update_norm}")
+        _strategies_by_session(self.session_strategy)
+        # LimitsConfig checks its own fields and names the one that is wrong.
+        _ = self.limits
         # A chunk plus its protobuf framing must fit one message with room to spare.
         if self.chunk_bytes + (64 << 10) > self.max_message_bytes:
             raise ValueError(
@@ -145,11 +199,23 @@ class ServerConfig:
             )
 
 
-def is_loopback(host: str) -> bool:
-    """True for addresses only this machine can reach (plaintext is safe there)."""
-    if host.lower() in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+def _strategies_by_session(entries: tuple[str, ...]) -> dict[str, str]:
+    """SESSION=STRATEGY entries as a mapping; ValueError naming the entry that is wrong."""
+    mapping: dict[str, str] = {}
+    for entry in entries:
+        # rpartition: a session name may itself contain "=", a strategy name never does.
+        name, equals, strategy = entry.rpartition("=")
+        if not equals or strategy not in STRATEGIES:
+            raise ValueError(
+                f"session_strategy entry {entry!r} must be SESSION=STRATEGY with a strategy "
+                f"among {', '.join(STRATEGIES)}"
+            )
+        try:
+            session = validate_participant_id(name)
+        except ValueError as exc:
+            message = str(exc).replace("participant id", "session name")
+            raise ValueError(f"session_strategy entry {entry!r}: {message}") from None
+        if session in mapping:
+            raise ValueError(f"session_strategy names session {session!r} twice")
+        mapping[session] = strategy
+    return mapping

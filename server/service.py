@@ -16,6 +16,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from typing import Any, NoReturn, TypeAlias, TypeVar
 
 import grpc
@@ -27,12 +28,21 @@ from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
 from fedrl.server.aggregator import NamedTensors
+from fedrl.server.auth import AuthError
+from fedrl.server.limits import (
+    LimitError,
+    LimitsConfig,
+    RateLimiter,
+    StreamCounter,
+    with_idle_timeout,
+)
 from fedrl.server.session import (
     ACCEPTED_DELTA_DTYPES,
     AlreadyExistsError,
     Federation,
     FederationError,
     InvalidRequestError,
+    LimitExceededError,
     ModelView,
     NotFoundError,
     PreconditionError,
@@ -54,7 +64,13 @@ STATUS_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (NotFoundError, grpc.StatusCode.NOT_FOUND),
     (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
+    (LimitExceededError, grpc.StatusCode.RESOURCE_EXHAUSTED),
 )
+# Refusals a handler answers with their own status; any other exception is a bug (INTERNAL).
+REFUSALS = (FederationError, DecodeError, AuthError, LimitError)
+
+ANONYMOUS = ""
+"""Limits key of a plaintext caller that does not say who it is; such callers share it."""
 
 Encoded: TypeAlias = tuple[tpb.TensorListHeader, list[tpb.TensorChunk]]
 
@@ -70,6 +86,8 @@ def status_code(exc: BaseException) -> grpc.StatusCode | None:
     """The status code a domain or decode error maps to; None for a bug (INTERNAL)."""
     if isinstance(exc, PermissionDeniedError):
         return grpc.StatusCode.PERMISSION_DENIED
+    if isinstance(exc, AuthError | LimitError):
+        return exc.code
     for kind, code in STATUS_CODES:
         if isinstance(exc, kind):
             return code
@@ -79,13 +97,20 @@ def status_code(exc: BaseException) -> grpc.StatusCode | None:
 def authenticated_participant(context: Context) -> str | None:
     """Who the transport says is calling; None when it does not say.
 
-    Until TLS identities exist this is the `fedrl-participant-bin` metadata;
-    the security issue swaps this one function for the certificate's identity.
+    This is the `fedrl-participant-bin` metadata. Over TLS the AuthInterceptor
+    has checked before the handler runs that it names the participant of the
+    certificate or token, so it is authenticated; on a plaintext server
+    (loopback or --insecure) it is what the caller says.
     """
     try:
         return id_from_metadata(context.invocation_metadata())
     except ValueError as exc:
         raise InvalidRequestError(f"caller identity: {exc}") from None
+
+
+def _limits_key(context: Context) -> str:
+    """Whose limits a call counts against: the authenticated caller's."""
+    return authenticated_participant(context) or ANONYMOUS
 
 
 def acting_as(context: Context, claimed: str) -> str:
@@ -142,11 +167,17 @@ class FederationServicer(pb_grpc.FederationServicer):
         *,
         limits: DecodeLimits,
         chunk_bytes: int,
+        call_limits: LimitsConfig,
         cache_bytes: int = 64 << 20,
     ) -> None:
         self._federation = federation
         self._limits = limits
         self._chunk_bytes = chunk_bytes
+        self._pushes = RateLimiter(
+            rate_per_s=call_limits.push_rate_per_s, burst=call_limits.push_burst
+        )
+        self._streams = StreamCounter(max_per_participant=call_limits.max_streams_per_participant)
+        self._idle_s = call_limits.stream_idle_timeout_s
         self._cache = EncodedModelCache(max_bytes=cache_bytes)
         # One encoding thread: it keeps the event loop free during zstd, and
         # fedrl.common.codecs' shared compressor must not run on two threads.
@@ -156,8 +187,13 @@ class FederationServicer(pb_grpc.FederationServicer):
     async def _guard(self, context: Context, call: Callable[[], Awaitable[T]]) -> T:
         try:
             return await call()
-        except (FederationError, DecodeError, PermissionDeniedError) as exc:
+        except (*REFUSALS, PermissionDeniedError) as exc:
             await _abort(context, exc)
+
+    def _upload(self, context: Context, messages: AsyncIterator[T], what: str) -> AsyncIterator[T]:
+        """An upload's messages, once it passed the push rate; dropped if the sender stalls."""
+        self._pushes.acquire(_limits_key(context))
+        return with_idle_timeout(messages, self._idle_s, what=what)
 
     async def Join(self, request: pb.JoinRequest, context: Context) -> pb.JoinReply:
         async def call() -> pb.JoinReply:
@@ -166,7 +202,7 @@ class FederationServicer(pb_grpc.FederationServicer):
                 request.session, pid, request.spec, request.spec_hash
             )
             return pb.JoinReply(
-                config=self._federation.session_config(),
+                config=self._federation.session_config(joined.session),
                 current_version=joined.current_version,
                 goal=joined.goal,
                 server_time_unix_ms=now_ms(),
@@ -188,14 +224,18 @@ class FederationServicer(pb_grpc.FederationServicer):
         self, request_iterator: AsyncIterator[pb.ModelUpload], context: Context
     ) -> pb.SeedReply:
         async def call() -> pb.SeedReply:
-            first = await _first(request_iterator, "ModelUploadHeader")
-            if not first.HasField("header"):
-                raise InvalidRequestError("a seed stream must start with its ModelUploadHeader")
-            header = first.header
-            pid = acting_as(context, header.participant_id)
-            tensors = await self._assemble(header.tensors, request_iterator, "seed")
-            version = await self._federation.seed(header.session, pid, header.spec_hash, tensors)
-            return pb.SeedReply(version=version)
+            with self._streams.hold(_limits_key(context)):
+                messages = self._upload(context, request_iterator, "seed")
+                first = await _first(messages, "ModelUploadHeader")
+                if not first.HasField("header"):
+                    raise InvalidRequestError("a seed stream must start with its ModelUploadHeader")
+                header = first.header
+                pid = acting_as(context, header.participant_id)
+                tensors = await self._assemble(header.tensors, messages, "seed")
+                version = await self._federation.seed(
+                    header.session, pid, header.spec_hash, tensors
+                )
+                return pb.SeedReply(version=version)
 
         return await self._guard(context, call)
 
@@ -203,20 +243,22 @@ class FederationServicer(pb_grpc.FederationServicer):
         self, request_iterator: AsyncIterator[pb.UpdateChunk], context: Context
     ) -> pb.PushReply:
         async def call() -> pb.PushReply:
-            first = await _first(request_iterator, "UpdateHeader")
-            if not first.HasField("header"):
-                raise InvalidRequestError("an update stream must start with its UpdateHeader")
-            header = first.header
-            request = _push_request(header, acting_as(context, header.participant_id))
-            known = await self._federation.check_push(request)
-            if known is not None:
-                return _push_reply(known)
-            try:
-                tensors = await self._assemble(header.tensors, request_iterator, "update")
-            except (DecodeError, InvalidRequestError):
-                await self._federation.count_rejection(request.session, request.participant_id)
-                raise
-            return _push_reply(await self._federation.push(request, tensors))
+            with self._streams.hold(_limits_key(context)):
+                messages = self._upload(context, request_iterator, "update")
+                first = await _first(messages, "UpdateHeader")
+                if not first.HasField("header"):
+                    raise InvalidRequestError("an update stream must start with its UpdateHeader")
+                header = first.header
+                request = _push_request(header, acting_as(context, header.participant_id))
+                known = await self._federation.check_push(request)
+                if known is not None:
+                    return _push_reply(known)
+                try:
+                    tensors = await self._assemble(header.tensors, messages, "update")
+                except (DecodeError, InvalidRequestError, LimitExceededError):
+                    await self._federation.count_rejection(request.session, request.participant_id)
+                    raise
+                return _push_reply(await self._federation.push(request, tensors))
 
         return await self._guard(context, call)
 
@@ -233,12 +275,19 @@ class FederationServicer(pb_grpc.FederationServicer):
         converting them (tens of ms for a 1M-parameter model) runs on a worker
         thread so other calls are not held up meanwhile.
         """
+        self._check_declared_size(header, what)
         assembler = TensorListAssembler(header, self._limits)
         chunks: list[tpb.TensorChunk] = []
         received = 0
         async for message in messages:
             if not message.HasField("chunk"):
                 raise InvalidRequestError(f"a second header inside the {what} stream")
+            if len(message.chunk.data) > self._limits.max_chunk_bytes:
+                raise LimitExceededError(
+                    f"{what} chunk {message.chunk.index} carries {len(message.chunk.data)} bytes, "
+                    f"above this server's chunk limit of {self._limits.max_chunk_bytes} "
+                    "(--chunk-bytes; JoinReply.config.chunk_bytes)"
+                )
             received += len(message.chunk.data)
             if received > header.total_encoded_size:
                 raise DecodeError(
@@ -248,32 +297,51 @@ class FederationServicer(pb_grpc.FederationServicer):
             chunks.append(message.chunk)
         return await asyncio.to_thread(_decode, assembler, chunks)
 
+    def _check_declared_size(self, header: tpb.TensorListHeader, what: str) -> None:
+        """A declared size above a limit is refused as such, before a byte of it is read.
+
+        The assembler would refuse it too, as malformed (INVALID_ARGUMENT);
+        a size limit is RESOURCE_EXHAUSTED, naming the option that sets it.
+        """
+        if header.total_raw_size > self._limits.max_total_raw_bytes:
+            raise LimitExceededError(
+                f"{what} declares {header.total_raw_size} decoded bytes, above this server's "
+                f"limit of {self._limits.max_total_raw_bytes} (--max-model-bytes)"
+            )
+        if header.tensor_count > self._limits.max_tensors:
+            raise LimitExceededError(
+                f"{what} declares {header.tensor_count} tensors, above this server's "
+                f"limit of {self._limits.max_tensors}"
+            )
+
     async def PullModel(
         self, request: pb.PullModelRequest, context: Context
     ) -> AsyncIterator[pb.ModelChunk]:
-        try:
-            if request.participant_id:
-                acting_as(context, request.participant_id)
-            view = await self._federation.model(
-                request.session, request.version, request.have_version
+        with ExitStack() as open_stream:
+            try:
+                open_stream.enter_context(self._streams.hold(_limits_key(context)))
+                if request.participant_id:
+                    acting_as(context, request.participant_id)
+                view = await self._federation.model(
+                    request.session, request.version, request.have_version
+                )
+                list_header, chunks = await self._encoded(view, request.dtype, request.codec)
+            except (*REFUSALS, PermissionDeniedError) as exc:
+                await _abort(context, exc)
+                return
+            yield pb.ModelChunk(
+                header=pb.ModelHeader(
+                    session=view.session,
+                    version=view.version,
+                    is_delta=view.is_delta,
+                    from_version=view.from_version,
+                    spec_hash=view.spec_hash,
+                    tensors=list_header,
+                    goal=view.goal,
+                )
             )
-            list_header, chunks = await self._encoded(view, request.dtype, request.codec)
-        except (FederationError, DecodeError, PermissionDeniedError) as exc:
-            await _abort(context, exc)
-            return
-        yield pb.ModelChunk(
-            header=pb.ModelHeader(
-                session=view.session,
-                version=view.version,
-                is_delta=view.is_delta,
-                from_version=view.from_version,
-                spec_hash=view.spec_hash,
-                tensors=list_header,
-                goal=view.goal,
-            )
-        )
-        for chunk in chunks:
-            yield pb.ModelChunk(chunk=chunk)
+            for chunk in chunks:
+                yield pb.ModelChunk(chunk=chunk)
 
     async def _encoded(self, view: ModelView, dtype: int, codec: int) -> Encoded:
         # Full models go as float32: a rounded full model would drift from the
@@ -320,21 +388,24 @@ class FederationServicer(pb_grpc.FederationServicer):
     async def WatchVersions(
         self, request: pb.GetVersionRequest, context: Context
     ) -> AsyncIterator[pb.VersionNotice]:
-        try:
-            session = self._federation.session(request.session)
-        except NotFoundError as exc:
-            await _abort(context, exc)
-            return
-        closing = self._federation.closing
-        sent: tuple[int, int, bool] | None = None
-        while not closing.is_set():
-            changed = session.changed
-            notice = session.notice()
-            key = (notice.current_version, notice.goal.total_episodes, notice.goal.reached)
-            if key != sent:
-                sent = key
-                yield notice
-            await _first_of(changed, closing)
+        with ExitStack() as open_stream:
+            try:
+                # Watches stay open for hours: they count against the stream limit.
+                open_stream.enter_context(self._streams.hold(_limits_key(context)))
+                session = self._federation.session(request.session)
+            except REFUSALS as exc:
+                await _abort(context, exc)
+                return
+            closing = self._federation.closing
+            sent: tuple[int, int, bool] | None = None
+            while not closing.is_set():
+                changed = session.changed
+                notice = session.notice()
+                key = (notice.current_version, notice.goal.total_episodes, notice.goal.reached)
+                if key != sent:
+                    sent = key
+                    yield notice
+                await _first_of(changed, closing)
 
     async def RaiseGoal(self, request: pb.RaiseGoalRequest, context: Context) -> pb.GoalState:
         async def call() -> pb.GoalState:

@@ -81,6 +81,10 @@ class AlreadyExistsError(FederationError):
     """A second seed of a session (ALREADY_EXISTS)."""
 
 
+class LimitExceededError(FederationError):
+    """A request above one of the server's size limits (RESOURCE_EXHAUSTED); names the option."""
+
+
 @dataclass(frozen=True)
 class PushRequest:
     """The header of a push, as the domain sees it."""
@@ -180,9 +184,9 @@ class Federation:
     ) -> None:
         self.config = config
         self._db = db
-        # Each session's aggregator gets its own strategy object; by default
-        # the one the config names.
-        self._make_strategy = strategy or self._configured_strategy
+        # Each session's aggregator gets its own strategy object: the injected
+        # factory's, or the one the config names for that session.
+        self._injected_strategy = strategy
         self._sessions: dict[str, Session] = {}
         self._create_lock = asyncio.Lock()
         self.closing = asyncio.Event()
@@ -217,14 +221,15 @@ class Federation:
         await self._write_global_state()
         await asyncio.to_thread(self._db.close)
 
-    def session_config(self) -> pb.SessionConfig:
+    def session_config(self, session_name: str | None = None) -> pb.SessionConfig:
+        """The settings clients follow; with a session name, that session's strategy."""
         c = self.config
         return pb.SessionConfig(
             max_staleness=c.max_staleness,
             buffer_size=c.buffer_size,
             chunk_bytes=c.chunk_bytes,
             max_message_bytes=c.max_message_bytes,
-            strategy=c.strategy,
+            strategy=c.strategy if session_name is None else c.strategy_for(session_name),
             server_learning_rate=c.server_lr,
             sync_interval=c.sync_interval,
             delta_dtypes=list(ACCEPTED_DELTA_DTYPES),
@@ -360,6 +365,7 @@ class Federation:
     ) -> PushResult:
         try:
             checked = check_tensors(session.spec, tensors, what="update")
+            check_norm(checked, max_norm=self.config.max_update_norm)
             staleness = self._staleness(session, request.base_version)
         except FederationError:
             await self.count_rejection(session.name, pid)
@@ -544,7 +550,7 @@ class Federation:
         name = self.session(session_name).name if session_name else None
         limit = max_versions or self.config.status_versions
         now = now_ms()
-        return await self._db(lambda db: db.status(name, limit, now))
+        return await self._db(lambda db: self._with_strategies(db.status(name, limit, now)))
 
     def notice(self, session_name: str) -> pb.VersionNotice:
         return self.session(session_name).notice()
@@ -618,7 +624,7 @@ class Federation:
             store=store,
             update_log=update_log,
             db=self._db,
-            strategy=self._make_strategy(),
+            strategy=self._strategy(row.name),
             settings=AggregatorSettings(
                 buffer_size=self.config.buffer_size,
                 buffer_timeout_s=self.config.buffer_timeout_s,
@@ -671,11 +677,18 @@ class Federation:
         oldest = await self._db(lambda db: db.oldest_unapplied_lsn(session_name))
         return floor if oldest is None else min(floor, oldest - 1)
 
-    def _configured_strategy(self) -> Strategy:
-        options = {"trim_fraction": self.config.trim_fraction}
-        return make_strategy(
-            self.config.strategy, **(options if self.config.strategy == "trimmed_mean" else {})
-        )
+    def _strategy(self, session_name: str) -> Strategy:
+        if self._injected_strategy is not None:
+            return self._injected_strategy()
+        name = self.config.strategy_for(session_name)
+        options = {"trim_fraction": self.config.trim_fraction} if name == "trimmed_mean" else {}
+        return make_strategy(name, **options)
+
+    def _with_strategies(self, reply: pb.StatusReply) -> pb.StatusReply:
+        """The state database keeps one server-wide config; each session shows its strategy."""
+        for state in reply.sessions:
+            state.config.strategy = self.config.strategy_for(state.session)
+        return reply
 
     async def _on_version(self, session_name: str) -> None:
         self._sessions[session_name].notify()
@@ -685,7 +698,8 @@ class Federation:
         now = now_ms()
         path = self.config.data_dir / GLOBAL_STATE_FILE
         limit = self.config.status_versions
-        await self._db(lambda db: write_json_atomically(path, db.status(None, limit, now)))
+        status = self._with_strategies
+        await self._db(lambda db: write_json_atomically(path, status(db.status(None, limit, now))))
 
 
 def check_spec(spec: tpb.ModelSpec, *, max_model_bytes: int) -> None:
@@ -708,7 +722,7 @@ def check_spec(spec: tpb.ModelSpec, *, max_model_bytes: int) -> None:
             )
         total += math.prod(tensor.shape) * 4
     if total > max_model_bytes:
-        raise InvalidRequestError(
+        raise LimitExceededError(
             f"the model is {total} bytes as float32, above this server's limit of "
             f"{max_model_bytes} (--max-model-bytes)"
         )
@@ -733,8 +747,28 @@ def check_tensors(spec: tpb.ModelSpec, tensors: NamedTensors, *, what: str) -> N
             )
         if array.dtype.kind != "f":
             raise InvalidRequestError(f"{what} tensor {name!r} is {array.dtype}, not floating")
-        checked.append((name, np.asarray(array, dtype=np.float32)))
+        values = np.asarray(array, dtype=np.float32)
+        # The decoders check this too; the domain does not rely on every caller being one.
+        if not np.isfinite(values).all():
+            raise InvalidRequestError(f"{what} tensor {name!r} contains NaN or infinite values")
+        checked.append((name, values))
     return checked
+
+
+def check_norm(tensors: NamedTensors, *, max_norm: float) -> None:
+    """Refuse an update whose global L2 norm is above max_norm (0: no bound).
+
+    Clipping (--clip-norm) shrinks such an update and still applies it; a
+    bound refuses it, for groups whose members need not trust each other.
+    """
+    if max_norm <= 0:
+        return
+    norm = math.sqrt(sum(float(np.vdot(t, t)) for _, t in tensors))
+    if norm > max_norm:
+        raise InvalidRequestError(
+            f"update norm {norm:.6g} exceeds this server's bound of {max_norm:g} "
+            "(--max-update-norm); check the learning rate, or sync more often"
+        )
 
 
 def validate_id(raw: str) -> str:
