@@ -5,14 +5,16 @@ is ASCII-only and ids are Unicode) and a deadline, so a dead server costs a
 bounded wait. gRPC status codes become two kinds of domain error, because
 that is all a caller decides on:
 
-- `UnavailableError` (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, a
-  cut call: CANCELLED, and a server fault: INTERNAL, UNKNOWN, ABORTED): try
+- `UnavailableError` (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED from
+  a rate or stream limit, a cut call: CANCELLED, and a server fault: INTERNAL,
+  UNKNOWN, ABORTED): try
   the same request again later, with backoff. A server fault is retried, not
   dropped: the request may be fine and the server restarted, and the outbox
   must never lose an update. A model stream that fails its checks is
   UnavailableError too: nothing was adopted, so asking again is safe.
 - `RejectedError` (INVALID_ARGUMENT, PERMISSION_DENIED, UNAUTHENTICATED,
-  FAILED_PRECONDITION, NOT_FOUND, ...): sending it again cannot help; `code`
+  FAILED_PRECONDITION, NOT_FOUND, RESOURCE_EXHAUSTED from a size limit, ...):
+  sending it again cannot help; `code`
   and the server's message say why. `SpecMismatchError` is FAILED_PRECONDITION at
   Join (the local model does not fit the session); `AlreadySeededError` is
   ALREADY_EXISTS at SeedModel (pull the other participant's seed instead).
@@ -55,7 +57,6 @@ _RETRYABLE = frozenset(
     {
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
         grpc.StatusCode.INTERNAL,
         grpc.StatusCode.UNKNOWN,
         grpc.StatusCode.ABORTED,
@@ -88,10 +89,20 @@ class AlreadySeededError(RejectedError):
     """Another participant seeded the session first; pull its model instead."""
 
 
+# RESOURCE_EXHAUSTED means "slow down" when a rate or stream limit answered
+# (fedrl.server.limits words its messages so), but "never" when a size limit
+# did: resending an oversized update would be refused forever.
+_THROTTLED = ("rate limit", "stream limit")
+
+
 def _translate(exc: grpc.aio.AioRpcError, what: str) -> FederationError:
     code = exc.code()
-    message = f"{what}: {exc.details() or code.name}"
-    if code in _RETRYABLE:
+    details = exc.details() or code.name
+    message = f"{what}: {details}"
+    throttled = code == grpc.StatusCode.RESOURCE_EXHAUSTED and any(
+        phrase in details for phrase in _THROTTLED
+    )
+    if code in _RETRYABLE or throttled:
         return UnavailableError(message, code)
     if code == grpc.StatusCode.ALREADY_EXISTS:
         return AlreadySeededError(message, code)

@@ -242,3 +242,29 @@ async def wait_for_version(client: FederationClient, version: int) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"version {version} did not appear")
+
+
+def test_model_over_the_size_limit_is_rejected_not_retried(tmp_path: Path) -> None:
+    # 32 bytes cannot hold the 16-float (64-byte) spec: a permanent refusal.
+    config = server_config(tmp_path / "server", max_model_bytes=32)
+    with InProcessServer(config) as small, pytest.raises(RejectedError) as caught:
+        run_as(small.address, "alice", lambda client: client.join(SPEC))
+
+    assert caught.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert not isinstance(caught.value, UnavailableError)
+
+
+def test_push_over_the_rate_limit_is_unavailable_for_now(tmp_path: Path) -> None:
+    config = server_config(tmp_path / "server", buffer_size=1, push_rate_per_s=0.01, push_burst=1)
+
+    async def body(client: FederationClient) -> None:
+        await client.join(SPEC)
+        await client.seed_model(weights(0))
+        await client.push_update(update(client, 1, weights(1)))
+        await client.push_update(update(client, 2, weights(2)))
+
+    with InProcessServer(config) as throttled, pytest.raises(UnavailableError) as caught:
+        run_as(throttled.address, "alice", body)
+
+    assert caught.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "rate limit" in str(caught.value)
