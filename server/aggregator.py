@@ -252,13 +252,29 @@ class Aggregator:
     def _aggregate(
         self, global_tensors: Sequence[np.ndarray], updates: Sequence[LoggedUpdate]
     ) -> list[np.ndarray]:
-        deltas = []
+        # Clients push incremental deltas (progress since their previous push),
+        # so a participant's buffered updates add up to its progress since the
+        # first of them: they are summed, weights too, and the strategy then
+        # combines participants. Averaging them as separate updates would apply
+        # 1/K of a lone participant's progress and let one who pushes often
+        # count several times in a robust strategy.
+        summed: dict[str, tuple[list[np.ndarray], float]] = {}
         for update in updates:
             delta = [tensor for _, tensor in update.tensors]
             if self._settings.clip_norm > 0:
                 delta, _norm = clip_by_norm(delta, self._settings.clip_norm)
-            deltas.append(delta)
-        aggregate = self._strategy.aggregate(deltas, [u.weight for u in updates])
+            previous = summed.get(update.participant_id)
+            if previous is None:
+                summed[update.participant_id] = (delta, update.weight)
+            else:
+                total, weight = previous
+                summed[update.participant_id] = (
+                    [a + b for a, b in zip(total, delta, strict=True)],
+                    weight + update.weight,
+                )
+        deltas = [delta for delta, _ in summed.values()]
+        weights = [weight for _, weight in summed.values()]
+        aggregate = self._strategy.aggregate(deltas, weights)
         return apply_update(list(global_tensors), aggregate, server_lr=self._settings.server_lr)
 
     async def _commit(

@@ -71,6 +71,39 @@ def test_two_pushes_give_the_hand_computed_weighted_average(server: InProcessSer
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+def test_one_participants_buffered_increments_add_up(server: InProcessServer) -> None:
+    stub = seeded(server, "alice")
+    first = [np.full((3, 2), 1.0, np.float32), np.array([2.0, 0.0], np.float32)]
+    second = [np.full((3, 2), 0.5, np.float32), np.array([0.0, -1.0], np.float32)]
+
+    push(stub, "alice", SPEC, first, sequence=1, base_version=0, samples=100)
+    push(stub, "alice", SPEC, second, sequence=2, base_version=0, samples=300)
+    server.call(_until_version(server, 1))
+    _, tensors, _ = pull(stub)
+
+    # Incremental deltas of one participant: the new global holds both in full.
+    for got, g, a, b in zip(tensors, INITIAL, first, second, strict=True):
+        np.testing.assert_allclose(got, g + a + b, rtol=1e-6)
+
+
+def test_participants_are_averaged_after_their_increments_are_summed(tmp_path: Path) -> None:
+    with InProcessServer(server_config(tmp_path / "data", buffer_size=3)) as server:
+        stub = seeded(server, "alice", "bob")
+        a1 = [np.full((3, 2), 1.0, np.float32), np.array([1.0, 1.0], np.float32)]
+        a2 = [np.full((3, 2), 2.0, np.float32), np.array([0.0, 2.0], np.float32)]
+        b1 = [np.full((3, 2), -4.0, np.float32), np.array([4.0, 0.0], np.float32)]
+
+        push(stub, "alice", SPEC, a1, sequence=1, base_version=0, samples=100)
+        push(stub, "alice", SPEC, a2, sequence=2, base_version=0, samples=100)
+        push(stub, "bob", SPEC, b1, sequence=1, base_version=0, samples=200)
+        server.call(_until_version(server, 1))
+        _, tensors, _ = pull(stub)
+
+    # alice: a1 + a2 with weight 100 + 100; bob: b1 with weight 200.
+    for got, g, x, y, b in zip(tensors, INITIAL, a1, a2, b1, strict=True):
+        np.testing.assert_allclose(got, g + (200 * (x + y) + 200 * b) / 400, rtol=1e-6)
+
+
 def test_stale_update_is_discounted_and_sample_claims_are_capped(tmp_path: Path) -> None:
     config = server_config(tmp_path / "data", buffer_size=1, max_samples=500)
     with InProcessServer(config) as server:
