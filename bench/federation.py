@@ -1,0 +1,1133 @@
+"""Federation pays off: per-participant env steps to a solved global model, for N participants.
+
+A real `fedrl-server` on loopback and N participant processes train one DQN
+together. Each participant is this script re-run with `--participant TASK`:
+a TrainingEngine in serial mode (`workers=0`: on a small machine every
+participant gets the same share of cores, 1 actor = the learner's process)
+with a SyncLoop for weight averaging and, for experience exchange, an
+ExperienceSync driven from here (the sync loop does not run it yet).
+
+What is measured is the GLOBAL model. Every participant notes the wall time
+at which it crosses each `--eval-every` step mark; after the run the bench
+takes, per mark, the median of those times over participants (the moment the
+participants have done that many steps each, on the median), finds the newest
+global version the server had committed by then (its `created_unix_ms`),
+loads that checkpoint from the server's data dir with numpy, and plays
+`--eval-episodes` greedy episodes on envs of its own. Evaluation runs after
+training, so it takes no CPU from the participants. With experience exchange
+only, there is no global model: participant 0's local model is evaluated,
+from weights it writes at each mark.
+
+Figures per configuration (N, mode, sync interval, K), over seeds: median
+per-participant env steps to a greedy return >= target, median wall clock to
+it, the steps speed-up against N = 1 with the same settings (steps_1/steps_N),
+for "both" and "exchange" the change in steps against weight averaging alone,
+and the mean return over all marks (learning speed below the target too). A seed that
+never reaches the target counts as not solved and the median is taken with
+it as infinity, so a configuration that mostly fails shows no figure rather
+than a flattering one. Wall-clock speed-up is reported only where every
+participant had at least one core of its own.
+
+Findings on 2 shared cores (CartPole-v1, 12k steps per participant, 2-3 seeds;
+the figures are in the issue note): no setting reached the 0.8·N steps
+speed-up. Two mechanisms cap it. With K > 1 the server averages buffered
+updates even when they come from one participant, whose deltas are
+successive increments, so a lone participant's progress is divided by K
+(N = 1 at K = 4 learns far slower than training alone). With K = 1 every
+delta is applied in full, so N learners' steps add up like an N-times
+learning rate, and the global Q-network collapses for N >= 2 (keeping the
+target network at adoption did not change that). Experience exchange helps
+the local models little at this budget, and with averaging on top the
+adopted global model overrides what they gained.
+
+Usage:
+  .venv/bin/python bench/federation.py --quick
+  .venv/bin/python bench/federation.py            # the full sweep (hours on 2 cores)
+  .venv/bin/python bench/federation.py --n 1 2 --modes both --sync-intervals 2 --seeds 0
+The last line of stdout is one JSON object with every figure; a PNG of
+evaluation return against per-participant env steps goes to --plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import itertools
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import grpc
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+from fedrl.client.engine import EngineConfig, PollResult, TrainingEngine, available_cores
+from fedrl.client.evaluation import Evaluator
+from fedrl.client.experience_exchange import (
+    CursorFile,
+    ExchangeConfig,
+    ExperienceClient,
+    ExperienceSync,
+    MixedReplay,
+    mixed_replay,
+)
+from fedrl.client.federation_client import FederationClient, UnavailableError
+from fedrl.client.learner import LearnerConfig
+from fedrl.client.network import architecture_name, load_named_arrays
+from fedrl.client.outbox import Outbox
+from fedrl.client.sync import SyncLoop, model_spec
+from fedrl.client.transitions import TransitionBatch
+from fedrl.common.spec import spec_hash
+from fedrl.proto.v1 import federation_pb2 as pb
+from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
+
+Mode = Literal["avg", "exchange", "both"]
+TargetAtAdoption = Literal["reset", "keep", "shift"]
+MODES: tuple[Mode, ...] = ("avg", "exchange", "both")
+MODE_NAMES = {
+    "avg": "weight averaging",
+    "exchange": "experience only (p0 local model)",
+    "both": "both",
+}
+CARTPOLE_TARGET = 475.0
+SESSION = "default"
+_LISTENING = re.compile(r"listening on (\S+):(\d+)")
+_SERVER_START_S = 60.0
+# The server child asks Linux for SIGKILL when the bench dies (prctl
+# PR_SET_PDEATHSIG), as participants do in die_with_parent(), so an
+# interrupted bench leaves nothing behind burning the shared cores.
+_SERVE_DYING_WITH_PARENT = """
+import ctypes, signal, sys
+if sys.platform == "linux":
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+from fedrl.server.cli import main
+main()
+"""
+
+
+# Configuration.
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every run of one bench invocation shares."""
+
+    env: str = "CartPole-v1"
+    """Gymnasium env id of the task."""
+    target: float = CARTPOLE_TARGET
+    """Greedy evaluation return that counts as solved."""
+    budget_steps: int = 20_000
+    """Env steps each participant takes; the run ends when all have."""
+    eval_every: int = 500
+    """Per-participant env steps between evaluation marks."""
+    eval_episodes: int = 10
+    """Greedy episodes per evaluation, played at once."""
+    envs_per_participant: int = 16
+    """Envs each participant's serial actor steps as one batch (the engine's default)."""
+    hidden: tuple[int, ...] = (256, 256)
+    """Q-network hidden widths (the learner's default)."""
+    server_lr: float = 1.0
+    """Server learning rate (ServerConfig.server_lr)."""
+    staleness_exponent: float = 0.5
+    """Staleness weight (1 + s) ** -exponent (ServerConfig.staleness_exponent)."""
+    max_staleness: int = 16
+    """Oldest accepted base version, in versions behind (ServerConfig.max_staleness)."""
+    buffer_timeout_s: float = 5.0
+    """A non-empty buffer becomes a version after this long (ServerConfig.buffer_timeout_s)."""
+    foreign_share: float = 0.25
+    """Share of each training batch drawn from foreign transitions (ExchangeConfig)."""
+    delta_dtype: str = "bfloat16"
+    """Wire dtype of weight deltas (SyncLoop.delta_dtype)."""
+    poll_interval_s: float = 0.5
+    """How often a participant's network thread asks for a newer global version."""
+    target_at_adoption: TargetAtAdoption = "reset"
+    """Target network when a global model is adopted: "reset" to it (the learner's
+    behaviour today), "keep" as it was, or "shift" by the same change as the online net."""
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One cell of the sweep; run once per seed."""
+
+    n: int
+    """Participants."""
+    mode: Mode
+    """What they share: weights ("avg"), experience ("exchange") or both."""
+    sync_interval: int
+    """Local episodes between syncs."""
+    buffer_size: int
+    """Updates buffered into one global version (K)."""
+
+    @property
+    def key(self) -> str:
+        return f"N={self.n} {self.mode} sync={self.sync_interval} K={self.buffer_size}"
+
+    @property
+    def baseline(self) -> Configuration:
+        """The same settings with one participant: what the speed-up is measured against."""
+        return replace(self, n=1)
+
+
+RECOMMENDED = Configuration(n=1, mode="avg", sync_interval=10, buffer_size=4)
+"""The settings to run with (N varies): today's defaults, which no variant measured so far
+beat beyond seed noise (see the module docstring)."""
+
+
+@dataclass(frozen=True)
+class ParticipantTask:
+    """Everything one participant process needs, passed as JSON on its command line."""
+
+    index: int
+    participant_id: str
+    address: str
+    state_dir: str
+    result_path: str
+    seed: int
+    mode: Mode
+    sync_interval: int
+    settings: Settings
+    save_local_every_mark: bool = False
+    """Write the local weights at every mark (experience-only runs: no global model)."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One seed of one configuration: the evaluation curve and when the target was met."""
+
+    configuration: Configuration
+    seed: int
+    marks: list[int]
+    """Per-participant env steps of each evaluation."""
+    returns: list[float | None]
+    """Greedy mean return at each mark; None before the first global version existed."""
+    seconds: list[float]
+    """Wall clock from the common start to each mark (median over participants)."""
+    versions: list[int]
+    """Global version evaluated at each mark (-1: participant 0's local model)."""
+    initial_return: float
+    """Greedy mean return of version 0, the model everyone started from."""
+    steps_to_target: int | None
+    seconds_to_target: float | None
+    total_versions: int
+    run_seconds: float
+    foreign_transitions: int
+    """Foreign transitions in participant replays at the end, summed (experience exchange)."""
+
+
+# The participant process.
+
+
+class RecordingReplay:
+    """A MixedReplay that also hands every local batch to the ExperienceSync to push from.
+
+    The learner calls `add` for each batch the actor collected; this is the
+    one place where the engine's experience passes, so no engine change is needed.
+    """
+
+    def __init__(self, mixed: MixedReplay, exchange: ExperienceSync) -> None:
+        self.mixed = mixed
+        self._exchange = exchange
+
+    def __len__(self) -> int:
+        return len(self.mixed)
+
+    def add(self, batch: TransitionBatch, *, foreign: bool = False) -> None:
+        if not foreign:
+            self._exchange.record(batch)
+        self.mixed.add(batch, foreign=foreign)
+
+    def sample(self, batch_size: int, beta: float) -> Any:
+        return self.mixed.sample(batch_size, beta)
+
+    def update_priorities(self, indices: np.ndarray, td_abs: np.ndarray) -> None:
+        self.mixed.update_priorities(indices, td_abs)
+
+
+class ExchangeDriver:
+    """ExperienceSync's network half on an asyncio loop in a thread; one exchange at a time."""
+
+    def __init__(self, address: str, participant_id: str, exchange: ExperienceSync) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._exchange = exchange
+        self._address = address
+        self._participant_id = participant_id
+        self._client: ExperienceClient | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._running: Future[None] | None = None
+
+    async def _open(self) -> None:
+        self._channel = grpc.aio.insecure_channel(self._address)
+        self._client = ExperienceClient(
+            self._channel, participant_id=self._participant_id, session=SESSION
+        )
+
+    def start(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._open(), self._loop).result(30)
+
+    def kick(self, outbox: Outbox) -> None:
+        """Send what is queued and pull, unless the previous exchange is still under way."""
+        if self._running is not None and not self._running.done():
+            return
+        error = self._running.exception() if self._running is not None else None
+        # An outage only delays the exchange (the outbox keeps the batch); anything else is a bug.
+        if error is not None and not isinstance(error, UnavailableError):
+            raise error
+        assert self._client is not None
+        self._running = asyncio.run_coroutine_threadsafe(
+            self._exchange.exchange(self._client, outbox), self._loop
+        )
+
+    def close(self) -> None:
+        if self._running is not None:
+            with contextlib.suppress(UnavailableError):
+                self._running.result(30)
+        if self._channel is not None:
+            asyncio.run_coroutine_threadsafe(self._channel.close(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30)
+
+
+class AdoptingEngine(TrainingEngine):
+    """A TrainingEngine whose target network follows `target_at_adoption` when weights are set.
+
+    Lets the bench measure target policies the learner does not offer yet,
+    using only the learner's public networks.
+    """
+
+    def __init__(
+        self, config: EngineConfig, learner: LearnerConfig, *, target: TargetAtAdoption
+    ) -> None:
+        super().__init__(config, learner)
+        self._target_policy = target
+
+    def set_weights(self, arrays: Sequence[tuple[str, Any]]) -> None:
+        online, target = self.learner.online, self.learner.target
+        with torch.no_grad():
+            before_online = [p.detach().clone() for p in online.parameters()]
+            before_target = [p.detach().clone() for p in target.parameters()]
+        super().set_weights(arrays)
+        if self._target_policy == "reset":
+            return
+        with torch.no_grad():
+            for param, old_target, old_online, new_online in zip(
+                target.parameters(), before_target, before_online, online.parameters(), strict=True
+            ):
+                if self._target_policy == "keep":
+                    param.copy_(old_target)
+                else:
+                    # The target keeps its lag behind the online net, on the new model.
+                    param.copy_(old_target + (new_online - old_online))
+
+
+def engine_configs(settings: Settings, seed: int) -> tuple[EngineConfig, LearnerConfig]:
+    """Serial mode, no local evaluation: the bench evaluates the global model itself."""
+    engine = EngineConfig(
+        env=settings.env,
+        workers=0,
+        envs_per_worker=settings.envs_per_participant,
+        eval_interval=0,
+        seed=seed,
+    )
+    return engine, LearnerConfig(hidden=settings.hidden, device="cpu")
+
+
+def participant_seed(seed: int, index: int) -> int:
+    """Distinct, reproducible seed streams per (run seed, participant)."""
+    return seed * 1_000 + index
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when the bench that started it dies (Linux only)."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+
+
+def run_participant(task: ParticipantTask) -> None:
+    """Train to the budget alongside the others; write the mark times as JSON."""
+    torch.set_num_threads(1)
+    settings = task.settings
+    state_dir = Path(task.state_dir)
+    engine_config, learner_config = engine_configs(
+        settings, participant_seed(task.seed, task.index)
+    )
+    engine = AdoptingEngine(engine_config, learner_config, target=settings.target_at_adoption)
+    weights = _pull_initial_model(task, engine)
+    # Every participant starts from the session's version 0, so no first push
+    # carries progress made on another initialisation.
+    engine.set_weights(weights)
+    spec = model_spec(
+        settings.env, weights, architecture_name(learner_config.hidden, learner_config.dueling)
+    )
+
+    loop: SyncLoop | None = None
+    if task.mode in ("avg", "both"):
+        loop = SyncLoop(
+            engine,
+            state_dir=state_dir / "sync",
+            participant_id=task.participant_id,
+            session=SESSION,
+            spec=spec,
+            channel_factory=lambda: grpc.aio.insecure_channel(task.address),
+            sync_interval=task.sync_interval,
+            delta_dtype=settings.delta_dtype,
+            evaluate_global=False,
+            poll_interval_s=settings.poll_interval_s,
+        )
+        loop.start(connect_timeout_s=30.0)
+
+    mixed: MixedReplay | None = None
+    exchange: ExperienceSync | None = None
+    driver: ExchangeDriver | None = None
+    outbox: Outbox | None = None
+    if task.mode in ("exchange", "both"):
+        config = ExchangeConfig(foreign_share=settings.foreign_share)
+        learner = engine.learner
+        mixed = mixed_replay(learner.config, engine.obs_shape, config)
+        exchange = ExperienceSync(
+            config,
+            obs_shape=engine.obs_shape,
+            n_step=engine_config.n_step,
+            gamma=learner.config.gamma,
+            spec_hash=spec_hash(spec),
+            session=SESSION,
+            participant_id=task.participant_id,
+            cursor=CursorFile(state_dir / "experience-cursor.json"),
+            seed=participant_seed(task.seed, task.index),
+        )
+        learner.replay = RecordingReplay(mixed, exchange)
+        outbox = Outbox(state_dir / "experience-outbox")
+        driver = ExchangeDriver(task.address, task.participant_id, exchange)
+        driver.start()
+
+    engine.start()
+    # Ready; wait for the common start so that no participant gets a head start.
+    print("ready", flush=True)
+    if sys.stdin.readline().strip() != "go":
+        raise SystemExit("participant: the bench did not say go")
+
+    marks: dict[int, int] = {}
+    next_mark = settings.eval_every
+    exchanged_at = 0
+    local_dir = state_dir / "local"
+    try:
+        while engine.counters.env_steps < settings.budget_steps:
+            result: PollResult = engine.poll()
+            if loop is not None:
+                loop.after_poll(result)
+            if exchange is not None and mixed is not None:
+                assert driver is not None and outbox is not None
+                exchange.adopt(mixed)
+                episodes = engine.counters.episodes
+                if episodes - exchanged_at >= task.sync_interval:
+                    exchanged_at = episodes
+                    exchange.queue(outbox)
+                    driver.kick(outbox)
+            steps = engine.counters.env_steps
+            while steps >= next_mark and next_mark <= settings.budget_steps:
+                marks[next_mark] = int(time.time() * 1000)
+                if task.save_local_every_mark:
+                    _save_weights(local_dir / f"{next_mark}.npz", engine.weights())
+                next_mark += settings.eval_every
+        if loop is not None:
+            loop.finish(flush_timeout_s=60.0)
+    finally:
+        if driver is not None:
+            driver.close()
+        if loop is not None:
+            loop.close()
+        engine.close()
+    counters = engine.counters
+    Path(task.result_path).write_text(
+        json.dumps(
+            {
+                "marks": {str(k): v for k, v in marks.items()},
+                "env_steps": counters.env_steps,
+                "episodes": counters.episodes,
+                "updates": counters.updates,
+                "foreign_transitions": len(mixed.foreign) if mixed is not None else 0,
+            }
+        ),
+        encoding="utf-8",
+    )
+
+
+def _pull_initial_model(task: ParticipantTask, engine: TrainingEngine) -> list[tuple[str, Any]]:
+    spec = model_spec(
+        task.settings.env,
+        engine.weights(),
+        architecture_name(engine.learner.config.hidden, engine.learner.config.dueling),
+    )
+
+    async def pull() -> list[tuple[str, Any]]:
+        async with grpc.aio.insecure_channel(task.address) as channel:
+            client = FederationClient(channel, participant_id=task.participant_id, session=SESSION)
+            await client.join(spec)
+            return (await client.pull_model(version=0)).tensors
+
+    return asyncio.run(pull())
+
+
+def _save_weights(path: Path, weights: Sequence[tuple[str, np.ndarray]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # The names as the first array, then the tensors in order: np.load reads
+    # it back without pickle, whatever characters the tensor names hold.
+    np.savez(path, np.array([name for name, _ in weights]), *(array for _, array in weights))
+
+
+def _load_weights(path: Path) -> list[tuple[str, np.ndarray]]:
+    with np.load(path, allow_pickle=False) as archive:
+        names = [str(n) for n in archive["arr_0"]]
+        return [(name, np.array(archive[f"arr_{i + 1}"])) for i, name in enumerate(names)]
+
+
+# The server.
+
+
+class ServerProcess:
+    """`fedrl-server serve` in a child process on a free loopback port."""
+
+    def __init__(self, data_dir: Path, configuration: Configuration, settings: Settings) -> None:
+        self.data_dir = data_dir
+        options = {
+            "--data-dir": str(data_dir),
+            "--port": "0",
+            "--buffer-size": str(configuration.buffer_size),
+            "--max-pending": str(max(32, configuration.buffer_size)),
+            "--buffer-timeout-s": str(settings.buffer_timeout_s),
+            "--server-lr": str(settings.server_lr),
+            "--staleness-exponent": str(settings.staleness_exponent),
+            "--max-staleness": str(settings.max_staleness),
+            "--sync-interval": str(configuration.sync_interval),
+            # Every version stays on disk: the bench evaluates them after the run.
+            "--keep-last": "1000000",
+            # The run ends by budget, not by goal.
+            "--goal-episodes": "100000000",
+            "--log-level": "WARNING",
+        }
+        command = [
+            sys.executable,
+            "-c",
+            _SERVE_DYING_WITH_PARENT,
+            "serve",
+            *itertools.chain.from_iterable(options.items()),
+        ]
+        self.process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.output: list[str] = []
+        found = threading.Event()
+        self.port = 0
+        threading.Thread(target=self._read, args=(found,), daemon=True).start()
+        if not found.wait(_SERVER_START_S):
+            self.stop()
+            raise RuntimeError("fedrl-server did not start:\n" + "".join(self.output))
+
+    def _read(self, found: threading.Event) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line)
+            match = _LISTENING.search(line)
+            if match and not found.is_set():
+                self.port = int(match[2])
+                found.set()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def versions(self) -> list[pb.VersionState]:
+        """Every committed version, oldest first, with its time and checkpoint file."""
+        with grpc.insecure_channel(self.address) as channel:
+            stub = pb_grpc.FederationStub(channel)  # type: ignore[no-untyped-call]
+            reply = stub.Status(pb.StatusRequest(session=SESSION, max_versions=1_000_000))
+        if not reply.sessions:
+            return []
+        return sorted(reply.sessions[0].versions, key=lambda v: v.version)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(30)
+
+
+def seed_session(address: str, settings: Settings, seed: int) -> None:
+    """Version 0: a fresh network from the run's seed, seeded by the bench itself."""
+    engine_config, learner_config = engine_configs(settings, seed)
+    engine = TrainingEngine(engine_config, learner_config)
+    weights = engine.weights()
+    engine.close()
+    spec = model_spec(
+        settings.env, weights, architecture_name(learner_config.hidden, learner_config.dueling)
+    )
+
+    async def seed_it() -> None:
+        async with grpc.aio.insecure_channel(address) as channel:
+            client = FederationClient(channel, participant_id="bench", session=SESSION)
+            await client.join(spec)
+            await client.seed_model(weights)
+
+    asyncio.run(seed_it())
+
+
+# One run.
+
+
+class Participant:
+    """This script as a child process in participant mode."""
+
+    def __init__(self, task: ParticipantTask, log_path: Path) -> None:
+        self.task = task
+        self.log_path = log_path
+        self._log = log_path.open("w", encoding="utf-8")
+        task_json = json.dumps(asdict(task))
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--participant", task_json],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    def wait_ready(self, timeout_s: float) -> None:
+        assert self.process.stdout is not None
+        ready = threading.Event()
+
+        def read() -> None:
+            assert self.process.stdout is not None
+            if self.process.stdout.readline().strip() == "ready":
+                ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(timeout_s):
+            raise RuntimeError(f"participant {self.task.index} not ready:\n{self.log_text()}")
+
+    def go(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
+
+    def wait(self, timeout_s: float) -> dict[str, Any]:
+        try:
+            code = self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise RuntimeError(
+                f"participant {self.task.index} ran past {timeout_s:.0f} s"
+            ) from None
+        if code != 0:
+            raise RuntimeError(f"participant {self.task.index} exited {code}:\n{self.log_text()}")
+        result: dict[str, Any] = json.loads(Path(self.task.result_path).read_text("utf-8"))
+        return result
+
+    def log_text(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text("utf-8")[-4000:]
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(30)
+        self._log.close()
+
+
+def run_configuration(
+    configuration: Configuration,
+    seed: int,
+    settings: Settings,
+    work_dir: Path,
+    *,
+    timeout_s: float = 3_600.0,
+) -> RunResult:
+    """A fresh server and N participants; returns the global model's evaluation curve."""
+    run_dir = work_dir / f"{configuration.key.replace(' ', '_')}_seed{seed}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    server = ServerProcess(run_dir / "server", configuration, settings)
+    participants: list[Participant] = []
+    try:
+        seed_session(server.address, settings, seed)
+        for index in range(configuration.n):
+            task = ParticipantTask(
+                index=index,
+                participant_id=f"p{index}",
+                address=server.address,
+                state_dir=str(run_dir / f"p{index}"),
+                result_path=str(run_dir / f"p{index}.json"),
+                seed=seed,
+                mode=configuration.mode,
+                sync_interval=configuration.sync_interval,
+                settings=settings,
+                save_local_every_mark=configuration.mode == "exchange" and index == 0,
+            )
+            participants.append(Participant(task, run_dir / f"p{index}.log"))
+        for participant in participants:
+            participant.wait_ready(300.0)
+        start_ms = int(time.time() * 1000)
+        for participant in participants:
+            participant.go()
+        results = [p.wait(timeout_s) for p in participants]
+        run_seconds = time.time() - start_ms / 1000
+        versions = server.versions()
+    finally:
+        for participant in participants:
+            participant.kill()
+        server.stop()
+    return _evaluate(
+        configuration,
+        seed,
+        settings,
+        run_dir=run_dir,
+        start_ms=start_ms,
+        results=results,
+        versions=versions,
+        run_seconds=run_seconds,
+    )
+
+
+def _evaluate(
+    configuration: Configuration,
+    seed: int,
+    settings: Settings,
+    *,
+    run_dir: Path,
+    start_ms: int,
+    results: list[dict[str, Any]],
+    versions: list[pb.VersionState],
+    run_seconds: float,
+) -> RunResult:
+    engine_config, learner_config = engine_configs(settings, seed)
+    probe = TrainingEngine(engine_config, learner_config)
+    network = probe.learner.online
+    probe.close()
+    evaluator = Evaluator(
+        settings.env,
+        episodes=settings.eval_episodes,
+        seed=np.random.SeedSequence([seed, 7_919]),
+        max_steps=100_000,
+    )
+    created = [v.created_unix_ms for v in versions]
+    cache: dict[int, float] = {}
+
+    def evaluate(weights: Sequence[tuple[str, np.ndarray]]) -> float:
+        load_named_arrays(network, weights)
+
+        def q_values(obs: np.ndarray) -> np.ndarray:
+            with torch.inference_mode():
+                q: np.ndarray = network(torch.from_numpy(obs)).numpy()
+            return q
+
+        return evaluator.run(q_values).mean
+
+    def evaluate_version(state: pb.VersionState) -> float:
+        if state.version not in cache:
+            with np.load(run_dir / "server" / state.checkpoint, allow_pickle=False) as archive:
+                cache[state.version] = evaluate([(n, np.array(archive[n])) for n in archive.files])
+        return cache[state.version]
+
+    marks = list(range(settings.eval_every, settings.budget_steps + 1, settings.eval_every))
+    returns: list[float | None] = []
+    seconds: list[float] = []
+    evaluated: list[int] = []
+    steps_to_target: int | None = None
+    seconds_to_target: float | None = None
+    try:
+        for mark in marks:
+            times = [r["marks"][str(mark)] for r in results if str(mark) in r["marks"]]
+            when = statistics.median(times)
+            seconds.append((when - start_ms) / 1000)
+            if configuration.mode == "exchange":
+                value: float | None = evaluate(
+                    _load_weights(run_dir / "p0" / "local" / f"{mark}.npz")
+                )
+                evaluated.append(-1)
+            else:
+                # The newest version committed by then (created times are the server's clock).
+                index = int(np.searchsorted(created, when, side="right")) - 1
+                if index < 0:
+                    value = None
+                    evaluated.append(-1)
+                else:
+                    value = evaluate_version(versions[index])
+                    evaluated.append(versions[index].version)
+            returns.append(value)
+            if steps_to_target is None and value is not None and value >= settings.target:
+                steps_to_target, seconds_to_target = mark, seconds[-1]
+        initial_return = evaluate_version(versions[0])
+    finally:
+        evaluator.close()
+    return RunResult(
+        configuration=configuration,
+        seed=seed,
+        marks=marks,
+        returns=returns,
+        seconds=seconds,
+        versions=evaluated,
+        initial_return=initial_return,
+        steps_to_target=steps_to_target,
+        seconds_to_target=seconds_to_target,
+        total_versions=len(versions),
+        run_seconds=run_seconds,
+        foreign_transitions=sum(int(r["foreign_transitions"]) for r in results),
+    )
+
+
+# Summary.
+
+
+def median_or_none(values: Sequence[float | None]) -> float | None:
+    """Median with unsolved seeds as infinity; None when the median itself is unsolved."""
+    if not values:
+        return None
+    middle = statistics.median([math.inf if v is None else v for v in values])
+    return None if math.isinf(middle) else float(middle)
+
+
+@dataclass
+class Summary:
+    """Per configuration, over its seeds."""
+
+    configuration: Configuration
+    solved: int
+    seeds: int
+    steps: float | None
+    seconds: float | None
+    steps_speedup: float | None = None
+    wall_speedup: float | None = None
+    exchange_cut: float | None = None
+    """Change in steps to target against weight averaging alone with the same N and settings."""
+    cores_per_participant: float = 0.0
+    per_seed_steps: list[int | None] = field(default_factory=list)
+    mean_return: float = 0.0
+    """Mean greedy return over all marks and seeds: how fast it learns even below the target."""
+
+
+def summarise(results: Sequence[RunResult], cores: int) -> list[Summary]:
+    by_config: dict[Configuration, list[RunResult]] = {}
+    for result in results:
+        by_config.setdefault(result.configuration, []).append(result)
+    summaries = {
+        c: Summary(
+            configuration=c,
+            solved=sum(r.steps_to_target is not None for r in rs),
+            seeds=len(rs),
+            steps=median_or_none([r.steps_to_target for r in rs]),
+            seconds=median_or_none(
+                [r.seconds_to_target if r.steps_to_target is not None else None for r in rs]
+            ),
+            cores_per_participant=cores / c.n,
+            per_seed_steps=[r.steps_to_target for r in sorted(rs, key=lambda r: r.seed)],
+            mean_return=statistics.fmean(v for r in rs for v in r.returns if v is not None),
+        )
+        for c, rs in by_config.items()
+    }
+    for c, s in summaries.items():
+        base = summaries.get(c.baseline)
+        if base is not None and base.steps is not None and s.steps is not None:
+            s.steps_speedup = base.steps / s.steps
+            # Wall clock compares only where nobody had to share a core.
+            if s.cores_per_participant >= 1 and base.seconds and s.seconds:
+                s.wall_speedup = base.seconds / s.seconds
+        averaging = summaries.get(replace(c, mode="avg"))
+        if c.mode != "avg" and averaging is not None and averaging.steps and s.steps:
+            s.exchange_cut = 1.0 - s.steps / averaging.steps
+    return sorted(
+        summaries.values(),
+        key=lambda s: (
+            s.configuration.sync_interval,
+            s.configuration.buffer_size,
+            MODES.index(s.configuration.mode),
+            s.configuration.n,
+        ),
+    )
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_table(summaries: Sequence[Summary], settings: Settings) -> None:
+    """One row per configuration, its N = 1 baseline's figures beside it."""
+    print(
+        f"\nGlobal model, greedy return >= {settings.target:g} "
+        f"({settings.eval_episodes} episodes), budget {settings.budget_steps:,} env steps "
+        f"per participant, evaluated every {settings.eval_every:,}; each participant in "
+        "serial mode (its actor in the learner's process)"
+    )
+    columns = (
+        ("configuration", 32),
+        ("cores/p", 7),
+        ("solved", 6),
+        ("steps/p", 8),
+        ("N=1 steps", 9),
+        ("speed-up", 8),
+        ("0.8·N", 6),
+        ("wall s", 7),
+        ("N=1 s", 6),
+        ("wall x", 6),
+        ("vs avg", 7),
+        ("mean ret", 8),
+    )
+    header = (
+        f"{columns[0][0]:<{columns[0][1]}} "
+        + " ".join(f"{name:>{width}}" for name, width in columns[1:])
+        + "  steps per seed"
+    )
+    print(header)
+    print("-" * len(header))
+    by_config = {s.configuration: s for s in summaries}
+    for s in summaries:
+        c = s.configuration
+        base = by_config.get(c.baseline)
+        cut = None if s.exchange_cut is None else f"{100 * s.exchange_cut:+.0f}%"
+        cells = (
+            c.key,
+            f"{s.cores_per_participant:.2f}",
+            f"{s.solved}/{s.seeds}",
+            _fmt(s.steps, ",.0f"),
+            _fmt(base.steps if base else None, ",.0f"),
+            _fmt(s.steps_speedup, ".2f"),
+            f"{0.8 * c.n:.1f}" if c.n > 1 else "-",
+            _fmt(s.seconds, ".0f"),
+            _fmt(base.seconds if base else None, ".0f"),
+            _fmt(s.wall_speedup, ".2f"),
+            cut or "-",
+            f"{s.mean_return:.0f}",
+        )
+        row = f"{cells[0]:<{columns[0][1]}} " + " ".join(
+            f"{cell:>{width}}" for cell, (_, width) in zip(cells[1:], columns[1:], strict=True)
+        )
+        print(f"{row}  {s.per_seed_steps}")
+    print(
+        "speed-up = steps(N=1) / steps(N) with the same settings (target >= 0.8·N); "
+        "'wall x' only where each participant had >= 1 core; 'vs avg' = change in steps "
+        "of 'both'/'exchange' against weight averaging alone (target <= -30%); 'mean ret' = "
+        "mean greedy return over all marks and seeds (area under the curve)."
+    )
+
+
+def median_curve(runs: Sequence[RunResult]) -> list[float]:
+    """Median return over seeds at each mark (NaN where no seed had a global model yet)."""
+    out = []
+    for column in zip(*(r.returns for r in runs), strict=True):
+        values = [v for v in column if v is not None]
+        out.append(statistics.median(values) if values else math.nan)
+    return out
+
+
+def plot(results: Sequence[RunResult], path: Path, settings: Settings) -> None:
+    """Evaluation return vs per-participant env steps; one panel per setting, one curve per N."""
+    panels = sorted(
+        {r.configuration.baseline for r in results},
+        key=lambda c: (c.sync_interval, c.buffer_size, MODES.index(c.mode)),
+    )
+    # The object API needs no pyplot and so no display backend.
+    figure = Figure(figsize=(5 * len(panels), 4), layout="tight")
+    axes = figure.subplots(1, len(panels), squeeze=False, sharey=True)[0]
+    for axis, panel in zip(axes, panels, strict=True):
+        ns = sorted({r.configuration.n for r in results if r.configuration.baseline == panel})
+        for n in ns:
+            runs = [r for r in results if r.configuration == replace(panel, n=n)]
+            axis.plot(runs[0].marks, median_curve(runs), label=f"N={n} ({len(runs)} seeds)")
+        axis.axhline(settings.target, color="grey", linestyle=":", linewidth=1)
+        axis.set_title(
+            f"{MODE_NAMES[panel.mode]}, sync {panel.sync_interval} ep, K={panel.buffer_size}"
+        )
+        axis.set_xlabel("env steps per participant")
+        axis.legend()
+    axes[0].set_ylabel(f"global greedy return, {settings.env} (median)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+
+
+# Entry point.
+
+
+def sweep(args: argparse.Namespace, cores: int) -> list[Configuration]:
+    if args.quick:
+        ns, modes = [1, 2, 4], ["avg", "both"]
+        syncs, buffers = [RECOMMENDED.sync_interval], [RECOMMENDED.buffer_size]
+    else:
+        ns = [1, 2, 4, *([8] if cores >= 8 else [])]
+        modes, syncs, buffers = list(MODES), [2, 10, 50], [1, 4]
+    ns = args.n or ns
+    modes = args.modes or modes
+    syncs = args.sync_intervals or syncs
+    buffers = args.buffer_sizes or buffers
+    return [
+        Configuration(n=n, mode=m, sync_interval=s, buffer_size=k)
+        for s, k, m, n in itertools.product(syncs, buffers, modes, ns)
+    ]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    defaults = Settings()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="N=1,2,4 x {avg, both}, sync 10, K=4, 2 seeds, 12k steps",
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", help="run seeds (default 0 1 2; quick 0 1)")
+    parser.add_argument("--n", type=int, nargs="+", help="participant counts")
+    parser.add_argument("--modes", nargs="+", choices=MODES, help="what participants share")
+    parser.add_argument("--sync-intervals", type=int, nargs="+", help="episodes between syncs")
+    parser.add_argument("--buffer-sizes", type=int, nargs="+", help="K: updates per version")
+    parser.add_argument("--env", default=defaults.env, help="Gymnasium env id")
+    parser.add_argument("--target", type=float, help="solved threshold (CartPole: 475)")
+    parser.add_argument(
+        "--budget", type=int, help="env steps per participant (default 20k; quick 12k)"
+    )
+    parser.add_argument("--eval-every", type=int, default=defaults.eval_every)
+    parser.add_argument("--eval-episodes", type=int, default=defaults.eval_episodes)
+    parser.add_argument("--server-lr", type=float, default=defaults.server_lr)
+    parser.add_argument("--staleness-exponent", type=float, default=defaults.staleness_exponent)
+    parser.add_argument("--foreign-share", type=float, default=defaults.foreign_share)
+    parser.add_argument(
+        "--target-at-adoption",
+        default=defaults.target_at_adoption,
+        choices=("reset", "keep", "shift"),
+    )
+    parser.add_argument(
+        "--delta-dtype", default=defaults.delta_dtype, choices=("bfloat16", "float16", "float32")
+    )
+    parser.add_argument(
+        "--work-dir", type=Path, help="where runs write (default: a temp dir, removed)"
+    )
+    parser.add_argument("--plot", type=Path, default=Path("bench/federation.png"))
+    parser.add_argument("--participant", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.participant is not None:
+        die_with_parent()
+        logging.basicConfig(level=logging.WARNING)
+        raw = json.loads(args.participant)
+        raw["settings"]["hidden"] = tuple(raw["settings"]["hidden"])
+        run_participant(ParticipantTask(**{**raw, "settings": Settings(**raw["settings"])}))
+        return
+    if args.target is None and args.env != "CartPole-v1":
+        raise SystemExit(f"--target is needed for {args.env}: the solved threshold is env-specific")
+    settings = Settings(
+        env=args.env,
+        target=CARTPOLE_TARGET if args.target is None else args.target,
+        budget_steps=args.budget or (12_000 if args.quick else 20_000),
+        eval_every=args.eval_every,
+        eval_episodes=args.eval_episodes,
+        server_lr=args.server_lr,
+        staleness_exponent=args.staleness_exponent,
+        foreign_share=args.foreign_share,
+        delta_dtype=args.delta_dtype,
+        target_at_adoption=args.target_at_adoption,
+    )
+    cores = available_cores()
+    seeds = args.seeds or ([0, 1] if args.quick else [0, 1, 2])
+    configurations = sweep(args, cores)
+    load = os.getloadavg()
+    print(
+        f"{len(configurations)} configurations x {len(seeds)} seeds on {cores} cores "
+        f"(load {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}); each participant runs serially "
+        f"(workers=0), so it has {cores}/N cores; settings: {asdict(settings)}",
+        flush=True,
+    )
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="fedrl-bench-federation-"))
+    results: list[RunResult] = []
+    try:
+        for seed, configuration in itertools.product(seeds, configurations):
+            result = run_configuration(configuration, seed, settings, work_dir)
+            results.append(result)
+            curve = " ".join(_fmt(v, ".0f") for v in result.returns)
+            print(
+                f"{configuration.key} seed {seed}: target at {_fmt(result.steps_to_target, ',')} "
+                f"steps/participant, {_fmt(result.seconds_to_target, '.0f')} s; "
+                f"{result.total_versions} versions, {result.foreign_transitions:,} foreign "
+                f"transitions in replays, {result.run_seconds:.0f} s; curve: {curve}",
+                flush=True,
+            )
+    finally:
+        if args.work_dir is None:
+            shutil.rmtree(work_dir, ignore_errors=True)
+    summaries = summarise(results, cores)
+    print_table(summaries, settings)
+    plot(results, args.plot, settings)
+    print(f"plot: {args.plot}")
+    end_load = os.getloadavg()
+    print(
+        json.dumps(
+            {
+                "env": settings.env,
+                "cores": cores,
+                "load_start": load[0],
+                "load_end": end_load[0],
+                "settings": {**asdict(settings), "hidden": list(settings.hidden)},
+                "seeds": seeds,
+                "configurations": [
+                    {
+                        **asdict(s.configuration),
+                        "cores_per_participant": s.cores_per_participant,
+                        "solved": s.solved,
+                        "seeds": s.seeds,
+                        "median_steps_to_target": s.steps,
+                        "median_seconds_to_target": s.seconds,
+                        "steps_speedup_vs_n1": s.steps_speedup,
+                        "wall_speedup_vs_n1": s.wall_speedup,
+                        "exchange_cut_vs_avg": s.exchange_cut,
+                        "per_seed_steps": s.per_seed_steps,
+                        "mean_return": s.mean_return,
+                    }
+                    for s in summaries
+                ],
+                "runs": [
+                    {
+                        **asdict(r.configuration),
+                        "seed": r.seed,
+                        "marks": r.marks,
+                        "returns": r.returns,
+                        "seconds": r.seconds,
+                        "versions": r.versions,
+                        "initial_return": r.initial_return,
+                        "steps_to_target": r.steps_to_target,
+                        "seconds_to_target": r.seconds_to_target,
+                        "total_versions": r.total_versions,
+                        "foreign_transitions": r.foreign_transitions,
+                        "run_seconds": r.run_seconds,
+                    }
+                    for r in results
+                ],
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
