@@ -22,6 +22,7 @@ from fedrl.client.backtest import backtest
 from fedrl.client.channel import ChannelSecurityError, open_channel
 from fedrl.client.config import TrainConfig, config_from_options, train_options
 from fedrl.client.engine import Counters, PollResult, TrainingEngine
+from fedrl.client.experience_exchange import mixed_replay
 from fedrl.client.export import export_command
 from fedrl.client.federation_client import FederationClient, FederationError
 from fedrl.client.network import architecture_name
@@ -56,6 +57,7 @@ def main(ctx: click.Context, /, **options: Any) -> None:
     )
     try:
         config = config_from_options(options)
+        check_bundle_identity(config)
         if config.episodes == 0:
             if config.offline:
                 raise click.UsageError("--episodes 0 shows the session's status: drop --offline")
@@ -152,7 +154,16 @@ def train_federated(config: TrainConfig) -> Counters:
     )
     state = StateDir(config.state_dir, config.participant_id, identity)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    engine = TrainingEngine(config.engine, config.learner)
+    exchange = config.exchange
+    engine = TrainingEngine(
+        config.engine,
+        config.learner,
+        replay=(
+            (lambda learner, obs_shape: mixed_replay(learner, obs_shape, exchange))
+            if exchange.enabled
+            else None
+        ),
+    )
     sync: SyncLoop | None = None
     try:
         autosave = Autosaver(
@@ -174,6 +185,7 @@ def train_federated(config: TrainConfig) -> Counters:
             channel_factory=lambda: _channel(config),
             sync_interval=config.sync_interval,
             delta_dtype=config.delta_dtype,
+            exchange=exchange,
         )
         joined = sync.start()
         if engine.counters.episodes:
@@ -280,16 +292,44 @@ def _channel(config: TrainConfig) -> grpc.aio.Channel:
             config.server,
             ca_cert=Path(config.ca_cert) if config.ca_cert else None,
             bundle=ParticipantBundle.read(Path(config.bundle)) if config.bundle else None,
+            token=_read_token(Path(config.token_file)) if config.token_file else None,
             insecure=config.insecure,
         )
     except ChannelSecurityError as exc:
         raise click.UsageError(str(exc)) from exc
 
 
+def _read_token(path: Path) -> str:
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.UsageError(f"--token-file {path} cannot be read: {exc}") from exc
+    if not token:
+        raise click.UsageError(f"--token-file {path} is empty: it must hold the bearer token")
+    return token
+
+
+def check_bundle_identity(config: TrainConfig) -> None:
+    """Refuse a --participant-id that is not the bundle's: the server would refuse every call."""
+    if not (config.bundle and config.participant_id):
+        return
+    bundle_id = ParticipantBundle.read(Path(config.bundle)).participant_id
+    given = validate_participant_id(config.participant_id)
+    if given != bundle_id:
+        raise click.UsageError(
+            f"--participant-id {given!r} differs from {bundle_id!r}, the participant of "
+            f"--bundle {config.bundle}: a participant can only speak as itself"
+        )
+
+
 def resolve_participant_id(config: TrainConfig) -> TrainConfig:
     """The config with a participant id: the one given, or one generated once and remembered."""
     if config.participant_id:
         return config
+    if config.bundle:
+        # The bundle's certificate names the participant: nothing else could speak with it.
+        pid = ParticipantBundle.read(Path(config.bundle)).participant_id
+        return dataclasses.replace(config, participant_id=pid)
     path = config.state_dir / PARTICIPANT_ID_FILE
     if path.exists():
         pid = validate_participant_id(path.read_text(encoding="utf-8").strip())

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import click
 
 from fedrl.client.engine import EngineConfig
+from fedrl.client.experience_exchange import ExchangeConfig
 from fedrl.client.learner import LearnerConfig
 
 
@@ -50,6 +51,9 @@ class TrainConfig:
     """CA certificate (PEM file) that verifies a TLS server; empty for none."""
     bundle: str = ""
     """Participant bundle (PEM file from `fedrl-server issue`) for mutual TLS; empty for none."""
+    token_file: str = ""
+    """File holding this participant's bearer token (token-mode servers, with --ca-cert); never
+    the token itself: the command line is visible in ps."""
     insecure: bool = False
     """Allow plaintext to a server that is not on this machine (everything travels readable)."""
     max_env_steps: int = 0
@@ -66,8 +70,24 @@ class TrainConfig:
     """Collection, replay ratio and evaluation."""
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     """The DQN learner."""
+    # Experience exchange (federated runs only): the knobs of ExchangeConfig,
+    # flat so they read as options of the command itself; see `exchange`.
+    foreign_share: float = ExchangeConfig.foreign_share
+    """Share of each training batch drawn from other participants' transitions; 0 turns
+    experience exchange off."""
+    push_transitions: int = ExchangeConfig.push_transitions
+    """Recent transitions sampled and pushed to the session per sync."""
+    pull_transitions: int = ExchangeConfig.pull_transitions
+    """Other participants' transitions asked for per sync."""
+    recent_window: int = ExchangeConfig.recent_window
+    """Pushes sample from the newest this many transitions: recent, not just the last
+    episode."""
+    foreign_capacity: int = ExchangeConfig.foreign_capacity
+    """Foreign transitions the replay keeps, apart from the local ones."""
 
     def __post_init__(self) -> None:
+        # Building ExchangeConfig checks its knobs: a wrong one fails here, not mid-run.
+        _ = self.exchange
         for name in ("save_model_every", "save_progress_every", "sync_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -78,6 +98,17 @@ class TrainConfig:
             raise ValueError(f"max_env_steps must be >= 0, got {self.max_env_steps}")
         if not self.log_interval > 0:
             raise ValueError(f"log_interval must be > 0, got {self.log_interval}")
+
+    @property
+    def exchange(self) -> ExchangeConfig:
+        """The experience exchange knobs as the client's config (ValueError if one is wrong)."""
+        return ExchangeConfig(
+            foreign_share=self.foreign_share,
+            push_transitions=self.push_transitions,
+            pull_transitions=self.pull_transitions,
+            recent_window=self.recent_window,
+            foreign_capacity=self.foreign_capacity,
+        )
 
 
 NESTED = ("engine", "learner")

@@ -39,6 +39,7 @@ from fedrl.client.actor import (
 )
 from fedrl.client.evaluation import EvalResult, Evaluator
 from fedrl.client.learner import Learner, LearnerConfig
+from fedrl.client.replay import Replay
 from fedrl.client.shm import BoardLayout, RingLayout, TransitionRing, WeightsBoard
 from fedrl.client.transitions import TransitionBatch
 from fedrl.client.vector_env import env_shape, make_vector_env
@@ -162,7 +163,10 @@ class TrainingEngine:
         learner_config: LearnerConfig,
         *,
         recent_window: int = 100,
+        replay: Callable[[LearnerConfig, tuple[int, ...]], Replay] | None = None,
     ) -> None:
+        """`replay` builds the learner's replay from its (seeded) config and the observation
+        shape, e.g. `mixed_replay` for experience exchange; None gives the default replay."""
         self.config = config
         self._seeds = np.random.SeedSequence(config.seed)
         actor_seeds, eval_seed, learner_seed = self._seeds.spawn(3)
@@ -171,11 +175,14 @@ class TrainingEngine:
         shape = env_shape(probe)
         probe.close()
         self.obs_shape, self.n_actions = shape.obs_shape, shape.n_actions
+        seeded = _with_seed(learner_config, learner_seed)
         self.learner = Learner(
             obs_shape=self.obs_shape,
             n_actions=self.n_actions,
-            config=_with_seed(learner_config, learner_seed),
+            config=seeded,
+            replay=replay(seeded, self.obs_shape) if replay is not None else None,
         )
+        self._batch_hooks: list[Callable[[TransitionBatch], None]] = []
         self._gamma = learner_config.gamma
         self._hidden, self._dueling = learner_config.hidden, learner_config.dueling
         self._evaluator = (
@@ -411,9 +418,15 @@ class TrainingEngine:
     ) -> None:
         if len(batch):
             self.learner.add(batch)
+            for hook in self._batch_hooks:
+                hook(batch)
         self._env_steps += env_steps
         self._episodes += len(episode_returns)
         self._recent.extend(float(r) for r in episode_returns)
+
+    def on_batch(self, hook: Callable[[TransitionBatch], None]) -> None:
+        """Call `hook` with every local batch the learner takes in, after it was validated."""
+        self._batch_hooks.append(hook)
 
     def _receive(self, timeout_s: float) -> list[Collected]:
         """Copies out every announced slot and hands each straight back to its actor."""

@@ -30,6 +30,14 @@ Every `sync_interval` local episodes the main thread:
    finishes, the remaining progress is pushed, the outbox flushed (bounded
    wait), and the caller saves.
 
+Experience exchange (optional, `exchange=`; the engine then trains from a
+MixedReplay). Every `sync_interval` episodes the main thread also queues a
+sample of recent local transitions in the same outbox (kind "experience");
+a task of the network thread beside the updates' (so a slow transfer never
+holds an update back) sends them and pulls other participants' transitions,
+which the main thread adds to the replay as foreign at its next round
+(fedrl.client.experience_exchange has the details).
+
 Exploration needs no global schedule: actors use fixed Ape-X rates
 (fedrl.client.exploration), not a decay from ε = 1, so a participant who
 joins a session late explores like everyone else from its first step.
@@ -78,6 +86,14 @@ import numpy.typing as npt
 
 from fedrl.client.backoff import Backoff, BackoffPolicy
 from fedrl.client.engine import PollResult, TrainingEngine
+from fedrl.client.experience_exchange import KIND as EXPERIENCE
+from fedrl.client.experience_exchange import (
+    CursorFile,
+    ExchangeConfig,
+    ExperienceClient,
+    ExperienceSync,
+    MixedReplay,
+)
 from fedrl.client.federation_client import (
     AlreadySeededError,
     FederationClient,
@@ -99,6 +115,7 @@ T = TypeVar("T")
 NamedArrays = list[tuple[str, npt.NDArray[Any]]]
 STATE_FORMAT = 1
 STATE_FILE = "state.npz"
+EXPERIENCE_CURSOR_FILE = "experience_cursor.json"
 DELTA_DTYPES = {
     "bfloat16": tpb.DTYPE_BFLOAT16,
     "float16": tpb.DTYPE_FLOAT16,
@@ -281,13 +298,17 @@ class _Network:
         spec: tpb.ModelSpec,
         backoff: BackoffPolicy,
         poll_interval_s: float,
+        experience: ExperienceSync | None,
     ) -> None:
         self._channel_factory = channel_factory
+        self._experience = experience
+        self._experience_client: ExperienceClient | None = None
         self._participant_id = participant_id
         self._session = session
         self._spec = spec
         self._outbox: Outbox | None = None
         self._backoff = Backoff(backoff)
+        self._experience_backoff = Backoff(backoff)
         self._poll_interval_s = poll_interval_s
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -298,6 +319,8 @@ class _Network:
         self._channel: grpc.aio.Channel | None = None
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._experience_task: asyncio.Task[None] | None = None
+        self._experience_wake: asyncio.Event | None = None
         self._joined = False
         self._rejoined_for: int | None = None
         self._held: GlobalModel | None = None
@@ -341,6 +364,15 @@ class _Network:
         """Updates up to `sequence` are recorded in the sync state: they may go out."""
         with self._lock:
             self._sendable_through = max(self._sendable_through, sequence)
+        self._poke()
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Chunk size the server asks for (its default before the first join)."""
+        return self._require_client().chunk_bytes
+
+    def poke(self) -> None:
+        """New work is in the outbox: send it now rather than at the next poll."""
         self._poke()
 
     @property
@@ -395,9 +427,9 @@ class _Network:
         self._loop.close()
 
     def _poke(self) -> None:
-        wake = self._wake
-        if wake is not None:
-            self._loop.call_soon_threadsafe(wake.set)
+        for wake in (self._wake, self._experience_wake):
+            if wake is not None:
+                self._loop.call_soon_threadsafe(wake.set)
 
     def _require_client(self) -> FederationClient:
         if self._client is None:
@@ -416,16 +448,24 @@ class _Network:
         self._client = FederationClient(
             self._channel, participant_id=self._participant_id, session=self._session
         )
+        if self._experience is not None:
+            self._experience_client = ExperienceClient(
+                self._channel, participant_id=self._participant_id, session=self._session
+            )
         self._wake = asyncio.Event()
+        self._experience_wake = asyncio.Event()
 
     async def _spawn_main(self) -> asyncio.Task[None]:
+        if self._experience is not None:
+            self._experience_task = asyncio.create_task(self._experience_main())
         return asyncio.create_task(self._main())
 
     async def _close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._experience_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._channel is not None:
             await self._channel.close()
 
@@ -473,6 +513,55 @@ class _Network:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
 
+    async def _experience_main(self) -> None:
+        """Experience exchange on a task of its own, beside _main.
+
+        In series with the updates, a slow or hanging experience transfer (a
+        frozen server: the transfer timeout is long) would hold the model
+        updates back that long.
+        """
+        assert self._experience_wake is not None
+        backoff = self._experience_backoff
+        while True:
+            delay = self._poll_interval_s
+            self._experience_wake.clear()
+            if self._joined:
+                try:
+                    await self._exchange_experience()
+                    backoff.succeeded()
+                except UnavailableError as exc:
+                    delay = backoff.failed()
+                    log.warning(
+                        "experience exchange failed (%s); retry %d in %.1f s",
+                        exc,
+                        backoff.failures,
+                        delay,
+                    )
+                except Exception as exc:
+                    # As in _main: a refusal or a bug stops the run loudly.
+                    with self._lock:
+                        self._fatal = exc
+                    log.exception("federation stopped by the experience exchange")
+                    return
+            if backoff.failures:
+                await asyncio.sleep(delay)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._experience_wake.wait(), delay)
+
+    async def _exchange_experience(self) -> None:
+        if self._experience is None or self._experience_client is None:
+            return
+        try:
+            await self._experience.exchange(self._experience_client, self._require_outbox())
+        except RejectedError as exc:
+            if exc.code != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            # Not a member any more (e.g. a server restored from a backup):
+            # join again next round rather than stop training over experience.
+            log.warning("experience exchange refused (%s); joining again", exc)
+            self._joined = False
+
     async def _probe(self) -> pb.JoinReply:
         try:
             return await self._require_client().join(self._spec)
@@ -484,6 +573,7 @@ class _Network:
         outbox = self._require_outbox()
         reply = await self._probe()
         outbox.observe_acknowledged("update", reply.last_update_sequence)
+        outbox.observe_acknowledged(EXPERIENCE, reply.last_experience_sequence)
         version = reply.current_version
         if version < 0:
             with self._lock:
@@ -567,7 +657,10 @@ class _Network:
         while True:
             with self._lock:
                 through = self._sendable_through
-            if not any(e.sequence <= through for e in outbox.pending("update")):
+            experience = self._experience is not None and self._experience.enabled
+            if not any(e.sequence <= through for e in outbox.pending("update")) and not (
+                experience and outbox.pending(EXPERIENCE)
+            ):
                 return
             if self.fatal is not None:
                 return
@@ -600,7 +693,10 @@ class SyncLoop:
         outbox_limits: OutboxLimits = _DEFAULT_OUTBOX_LIMITS,
         backoff: BackoffPolicy = _DEFAULT_BACKOFF,
         poll_interval_s: float = 2.0,
+        exchange: ExchangeConfig | None = None,
     ) -> None:
+        """`exchange` with a share above 0 trades experience with the session; the engine
+        must then have been built with `replay=mixed_replay(...)` (see experience_exchange)."""
         if sync_interval < 1:
             raise ValueError(f"sync interval must be at least one episode, got {sync_interval}")
         if delta_dtype not in DELTA_DTYPES:
@@ -609,6 +705,29 @@ class SyncLoop:
             )
         self._engine = engine
         self._dir = state_dir
+        self._experience: ExperienceSync | None = None
+        self._replay: MixedReplay | None = None
+        if exchange is not None and exchange.enabled:
+            replay = engine.learner.replay
+            if not isinstance(replay, MixedReplay):
+                raise ValueError(
+                    "experience exchange needs the engine's learner to use a MixedReplay: "
+                    "build the engine with replay=mixed_replay(...), or set foreign_share to 0"
+                )
+            self._replay = replay
+            self._experience = ExperienceSync(
+                exchange,
+                obs_shape=engine.obs_shape,
+                n_step=engine.config.n_step,
+                gamma=engine.learner.config.gamma,
+                spec_hash=spec_hash(spec),
+                session=session,
+                participant_id=participant_id,
+                cursor=CursorFile(state_dir / EXPERIENCE_CURSOR_FILE),
+                # Apart from the learner's seed: pushes must not mirror its replay draws.
+                seed=engine.learner.config.seed + 2,
+            )
+            engine.on_batch(self._experience.record)
         self._participant_id = participant_id
         self._session = session
         self._spec = spec
@@ -629,6 +748,7 @@ class SyncLoop:
         self._base_eval: tuple[int, float] | None = None
         self._next_global_eval = 0
         self._taken_back_count = 0
+        self._experience_queued_at = 0
 
     @property
     def state_path(self) -> Path:
@@ -649,6 +769,7 @@ class SyncLoop:
             spec=self._spec,
             backoff=self._backoff,
             poll_interval_s=self._poll_interval_s,
+            experience=self._experience,
         )
         network = self._network
         try:
@@ -659,6 +780,7 @@ class SyncLoop:
             except (UnavailableError, TimeoutError) as exc:
                 log.warning("server unreachable at start (%s); training offline until then", exc)
             state = self._restore()
+            self._experience_queued_at = self._engine.counters.episodes
             network.prepare(self._open_outbox(), state.local)
             if reply is not None:
                 try:
@@ -775,8 +897,13 @@ class SyncLoop:
         if fatal is not None:
             raise SyncError(f"federation stopped: {fatal}")
         self._absorb()
-        if self._engine.counters.episodes - self._state.pushed_episodes >= self._sync_interval:
+        episodes = self._engine.counters.episodes
+        if episodes - self._state.pushed_episodes >= self._sync_interval:
             self.push()
+        # Its own clock: before the first adoption push() writes nothing and
+        # leaves pushed_episodes behind, but experience still goes out.
+        if episodes - self._experience_queued_at >= self._sync_interval:
+            self.queue_experience()
 
     def _absorb(self) -> None:
         """Take back updates the server handed back; adopt a newly pulled global model."""
@@ -788,6 +915,8 @@ class SyncLoop:
         model = self._network.take_pending()
         if model is not None:
             self._adopt(model)
+        if self._experience is not None and self._replay is not None:
+            self._experience.adopt(self._replay)
 
     def push(self) -> int | None:
         """Write the progress since the last push to the outbox; its sequence, or None if none."""
@@ -836,6 +965,21 @@ class SyncLoop:
         save_sync_state(self.state_path, self._state)
         self._network.release(entry.sequence)
         self._returns, self._losses, self._eval_since_push = [], [], None
+        return entry.sequence
+
+    def queue_experience(self) -> int | None:
+        """Queue a sample of recent transitions for the session; its sequence, or None if none.
+
+        Independent of push(): experience needs no base version, so it flows
+        before the first adoption too.
+        """
+        if self._experience is None or self._network is None:
+            return None
+        self._experience_queued_at = self._engine.counters.episodes
+        entry = self._experience.queue(self._open_outbox(), chunk_bytes=self._network.chunk_bytes)
+        if entry is None:
+            return None
+        self._network.poke()
         return entry.sequence
 
     def _metrics(self) -> pb.UpdateMetrics:
@@ -925,6 +1069,7 @@ class SyncLoop:
         network = self._network
         assert network is not None
         deadline = time.monotonic() + flush_timeout_s
+        self.queue_experience()
         while network.fatal is None:
             assert self._state is not None
             if self._state.base_version < 0 and network.view.connected:

@@ -207,6 +207,7 @@ class FederationServicer(pb_grpc.FederationServicer):
                 goal=joined.goal,
                 server_time_unix_ms=now_ms(),
                 last_update_sequence=joined.last_update_sequence,
+                last_experience_sequence=joined.last_experience_sequence,
                 spec_hash=joined.spec_hash,
             )
 

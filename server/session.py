@@ -118,6 +118,7 @@ class JoinResult:
     current_version: int
     goal: pb.GoalState
     last_update_sequence: int
+    last_experience_sequence: int
     spec_hash: str
 
 
@@ -260,6 +261,7 @@ class Federation:
             )
         now = now_ms()
         await self._db(lambda db: db.touch_participant(name, pid, "active", now))
+        experience_sequence = await self._db(lambda db: db.last_experience_sequence(name, pid))
         session.participants.add(pid)
         session.active.add(pid)
         session.notify()
@@ -269,6 +271,7 @@ class Federation:
             current_version=session.aggregator.current_version,
             goal=session.goal,
             last_update_sequence=session.last_sequences.get(pid, 0),
+            last_experience_sequence=experience_sequence,
             spec_hash=digest,
         )
 

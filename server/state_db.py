@@ -31,6 +31,7 @@ from google.protobuf import json_format
 
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
+from fedrl.server.experience_store import last_acknowledged, participant_counts
 
 SCHEMA_VERSION = 1
 
@@ -462,6 +463,10 @@ class StateDB:
             for v, parent, ms, lsn, c, stale, mean, ckpt in rows
         ]
 
+    def last_experience_sequence(self, session: str, participant_id: str) -> int:
+        """The participant's newest acknowledged experience batch (JoinReply), 0 if none."""
+        return last_acknowledged(self._conn, session, participant_id)
+
     # The status view, shared by the Status RPC, global_state.json and the CLI.
 
     def status(self, session: str | None, max_versions: int, now_ms: int) -> pb.StatusReply:
@@ -496,7 +501,9 @@ class StateDB:
             "FROM participants WHERE session=? ORDER BY first_seen_ms, participant_id",
             (row.name,),
         ).fetchall()
+        experience = participant_counts(self._conn, row.name)
         for pid, first, last, status, eps, steps, acc, rej, dup, best_eval in participants:
+            batches, rejected = experience.get(pid, (0, 0))
             item = state.participants.add(
                 participant_id=pid,
                 first_seen_unix_ms=first,
@@ -507,6 +514,8 @@ class StateDB:
                 updates_accepted=acc,
                 updates_rejected=rej,
                 updates_duplicate=dup,
+                experience_batches=batches,
+                experience_rejected=rejected,
             )
             if best_eval is not None:
                 item.best_eval_return = best_eval

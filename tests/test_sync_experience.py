@@ -1,0 +1,226 @@
+"""Experience exchange inside the sync loop and the CLI: real engines, a real server, real files."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+import pytest
+from click.testing import CliRunner
+from server_harness import InProcessServer, join, server_config
+from test_experience_support import Server
+
+from fedrl.client.backoff import BackoffPolicy
+from fedrl.client.cli import main
+from fedrl.client.config import config_from_options
+from fedrl.client.engine import EngineConfig, TrainingEngine
+from fedrl.client.experience_exchange import KIND, ExchangeConfig, MixedReplay, mixed_replay
+from fedrl.client.learner import LearnerConfig
+from fedrl.client.network import architecture_name
+from fedrl.client.outbox import Outbox
+from fedrl.client.sync import SyncLoop, model_spec
+from fedrl.client.transitions import TransitionBatch
+from fedrl.common.tls import ParticipantBundle, create_ca, issue_participant_cert
+from fedrl.proto.v1 import federation_pb2 as pb
+
+SMALL = LearnerConfig(hidden=(32, 32), learning_starts=64, batch_size=32, device="cpu")
+EXCHANGE = ExchangeConfig(
+    foreign_share=0.25,
+    push_transitions=200,
+    pull_transitions=2000,
+    recent_window=2000,
+    foreign_capacity=10_000,
+)
+
+
+def make_engine(exchange: ExchangeConfig, seed: int = 0) -> TrainingEngine:
+    return TrainingEngine(
+        EngineConfig(workers=0, envs_per_worker=2, eval_interval=0, seed=seed),
+        SMALL,
+        replay=(
+            (lambda learner, obs_shape: mixed_replay(learner, obs_shape, exchange))
+            if exchange.enabled
+            else None
+        ),
+    )
+
+
+@contextmanager
+def participant(
+    address: str, state_dir: Path, participant_id: str, exchange: ExchangeConfig, *, seed: int = 0
+) -> Iterator[tuple[TrainingEngine, SyncLoop, list[TransitionBatch]]]:
+    """A started engine, its sync loop and every local batch its learner took in."""
+    engine = make_engine(exchange, seed)
+    seen: list[TransitionBatch] = []
+    engine.on_batch(seen.append)
+    spec = model_spec("CartPole-v1", engine.weights(), architecture_name(SMALL.hidden, True))
+    loop = SyncLoop(
+        engine,
+        state_dir=state_dir,
+        participant_id=participant_id,
+        session="default",
+        spec=spec,
+        channel_factory=lambda: grpc.aio.insecure_channel(address),
+        sync_interval=3,
+        evaluate_global=False,
+        backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
+        poll_interval_s=0.1,
+        exchange=exchange,
+    )
+    try:
+        loop.start(connect_timeout_s=5.0)
+        engine.start()
+        yield engine, loop, seen
+    finally:
+        loop.close()
+        engine.close()
+
+
+def rows(batches: list[TransitionBatch], mask: npt.NDArray[np.bool_] | None = None) -> set[bytes]:
+    """Transitions as comparable keys (obs and next obs: continuous, so collisions are nil)."""
+    return {
+        o.tobytes() + n.tobytes()
+        for batch in batches
+        for o, n, keep in zip(
+            batch.obs,
+            batch.next_obs,
+            np.ones(len(batch), bool) if mask is None else mask,
+            strict=True,
+        )
+        if keep
+    }
+
+
+def foreign_rows(engine: TrainingEngine) -> int:
+    replay = engine.learner.replay
+    assert isinstance(replay, MixedReplay)
+    return len(replay.foreign)
+
+
+def test_two_participants_receive_each_others_transitions_tagged_foreign(tmp_path: Path) -> None:
+    server = Server(tmp_path / "server").start()
+    try:
+        with (
+            participant(server.address, tmp_path / "a", "Макар", EXCHANGE) as first,
+            # Other seeds: each one's transitions must be its own to tell them apart.
+            participant(server.address, tmp_path / "b", "alice", EXCHANGE, seed=1) as second,
+        ):
+            deadline = time.monotonic() + 60
+            while not all(foreign_rows(engine) for engine, _, _ in (first, second)):
+                assert time.monotonic() < deadline, "no foreign transitions arrived in time"
+                for engine, loop, _ in (first, second):
+                    loop.after_poll(engine.poll())
+            for _, loop, _ in (first, second):
+                loop.finish()
+            draws = {
+                pid: engine.learner.replay.sample(512, beta=0.4)
+                for pid, (engine, _, _) in (("Макар", first), ("alice", second))
+            }
+            local = {"Макар": rows(first[2]), "alice": rows(second[2])}
+            spec = model_spec(
+                "CartPole-v1", first[0].weights(), architecture_name(SMALL.hidden, True)
+            )
+        federation, _ = server.stubs()
+        status = federation.Status(pb.StatusRequest(session="default"))
+        rejoined = join(federation, "alice", spec)
+    finally:
+        server.stop()
+
+    for pid, other in (("Макар", "alice"), ("alice", "Макар")):
+        draw = draws[pid]
+        foreign = rows([draw.batch], draw.foreign)
+        own = rows([draw.batch], ~draw.foreign)
+        assert foreign, f"{pid} drew no foreign transitions"
+        assert foreign <= local[other] and not foreign & local[pid]
+        assert own <= local[pid]
+    counts = {p.participant_id: p for p in status.sessions[0].participants}
+    assert all(counts[pid].experience_batches > 0 for pid in ("Макар", "alice"))
+    assert all(counts[pid].experience_rejected == 0 for pid in ("Макар", "alice"))
+    assert rejoined.last_experience_sequence == counts["alice"].experience_batches
+    # Every queued batch, the final one included, was acknowledged.
+    assert all(Outbox(tmp_path / d / "outbox").size(KIND) == (0, 0) for d in ("a", "b"))
+
+
+def test_foreign_share_zero_never_calls_the_experience_service(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    off = ExchangeConfig(foreign_share=0.0)
+    # A server without the service: any exchange call would log that it is missing.
+    with (
+        caplog.at_level(logging.WARNING),
+        InProcessServer(server_config(tmp_path / "server")) as server,
+        participant(server.address, tmp_path / "a", "alice", off) as (engine, loop, _),
+    ):
+        while engine.counters.episodes < 10:
+            loop.after_poll(engine.poll())
+        loop.finish()
+
+    assert not isinstance(engine.learner.replay, MixedReplay)
+    assert "does not exchange experience" not in caplog.text
+    assert not (tmp_path / "a" / "experience_cursor.json").exists()
+
+
+def test_exchange_without_a_mixed_replay_is_refused_with_the_fix(tmp_path: Path) -> None:
+    engine = make_engine(ExchangeConfig(foreign_share=0.0))
+    try:
+        spec = model_spec("CartPole-v1", engine.weights(), architecture_name(SMALL.hidden, True))
+        with pytest.raises(ValueError, match="replay=mixed_replay"):
+            SyncLoop(
+                engine,
+                state_dir=tmp_path,
+                participant_id="alice",
+                session="default",
+                spec=spec,
+                channel_factory=lambda: grpc.aio.insecure_channel("127.0.0.1:1"),
+                exchange=EXCHANGE,
+            )
+    finally:
+        engine.close()
+
+
+def test_cli_refuses_a_participant_id_that_is_not_the_bundles(tmp_path: Path) -> None:
+    ca = create_ca("test CA")
+    pair = issue_participant_cert(ca, "Макар")
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(
+        ParticipantBundle(cert_pem=pair.cert_pem, key_pem=pair.key_pem, ca_pem=ca.cert_pem).to_pem()
+    )
+
+    result = CliRunner().invoke(
+        main,
+        ["--participant-id", "alice", "--bundle", str(bundle), "--state-dir", str(tmp_path)],
+    )
+
+    assert result.exit_code == 2
+    assert "differs from 'Макар'" in result.output
+    assert not (tmp_path / "alice").exists()
+
+
+def test_cli_refuses_an_empty_token_file(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("\n", encoding="utf-8")
+
+    result = CliRunner().invoke(
+        main, ["--episodes", "0", "--server", "127.0.0.1:1", "--token-file", str(token)]
+    )
+
+    assert result.exit_code == 2
+    assert "is empty" in result.output
+
+
+def test_exchange_options_reach_the_config() -> None:
+    config = config_from_options({"foreign_share": 0.5, "pull_transitions": 100})
+
+    assert config.exchange.foreign_share == 0.5 and config.exchange.pull_transitions == 100
+    assert config.exchange.push_transitions == ExchangeConfig().push_transitions
+
+
+def test_a_foreign_share_of_one_is_refused_before_training() -> None:
+    with pytest.raises(ValueError, match="foreign_share must lie in"):
+        config_from_options({"foreign_share": 1.0})
