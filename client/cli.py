@@ -186,6 +186,7 @@ def train_federated(config: TrainConfig) -> Counters:
             sync_interval=config.sync_interval,
             delta_dtype=config.delta_dtype,
             exchange=exchange,
+            on_record=lambda record: state.append_metrics([record]),
         )
         joined = sync.start()
         if engine.counters.episodes:

@@ -694,11 +694,14 @@ class SyncLoop:
         backoff: BackoffPolicy = _DEFAULT_BACKOFF,
         poll_interval_s: float = 2.0,
         exchange: ExchangeConfig | None = None,
+        on_record: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         """`exchange` with a share above 0 trades experience with the session; the engine
-        must then have been built with `replay=mixed_replay(...)` (see experience_exchange)."""
+        must then have been built with `replay=mixed_replay(...)` (see experience_exchange).
+        `on_record` receives one metrics record per push ("sync") and adoption ("adopt")."""
         if sync_interval < 1:
             raise ValueError(f"sync interval must be at least one episode, got {sync_interval}")
+        self._on_record = on_record
         if delta_dtype not in DELTA_DTYPES:
             raise ValueError(
                 f"delta dtype must be one of {', '.join(DELTA_DTYPES)}, got {delta_dtype!r}"
@@ -965,7 +968,31 @@ class SyncLoop:
         save_sync_state(self.state_path, self._state)
         self._network.release(entry.sequence)
         self._returns, self._losses, self._eval_since_push = [], [], None
+        view = self.view
+        self._record(
+            "sync",
+            sequence=entry.sequence,
+            base_version=state.base_version,
+            episodes=episodes,
+            version=view.version,
+            active_participants=view.active_participants,
+            session_episodes=view.goal.episodes_done if view.goal else None,
+            session_goal=view.goal.total_episodes if view.goal else None,
+        )
         return entry.sequence
+
+    def _record(self, kind: str, **fields: Any) -> None:
+        if self._on_record is None:
+            return
+        counters = self._engine.counters
+        record: dict[str, Any] = {
+            "kind": kind,
+            "time": round(time.time(), 3),
+            "episode": counters.episodes,
+            "env_steps": counters.env_steps,
+        }
+        record.update({key: value for key, value in fields.items() if value is not None})
+        self._on_record(record)
 
     def queue_experience(self) -> int | None:
         """Queue a sample of recent transitions for the session; its sequence, or None if none.
@@ -1026,6 +1053,10 @@ class SyncLoop:
             self._next_global_eval = counters.env_steps + interval
         self._engine.set_weights(rebased)
         log.info("adopted global version %d", model.version)
+        global_eval = (
+            self._base_eval[1] if self._base_eval and self._base_eval[0] == model.version else None
+        )
+        self._record("adopt", version=model.version, global_eval=global_eval)
 
     # Progress and stop.
 

@@ -224,3 +224,40 @@ def test_exchange_options_reach_the_config() -> None:
 def test_a_foreign_share_of_one_is_refused_before_training() -> None:
     with pytest.raises(ValueError, match="foreign_share must lie in"):
         config_from_options({"foreign_share": 1.0})
+
+
+def test_every_push_and_adoption_leaves_a_metrics_record(tmp_path: Path) -> None:
+    off = ExchangeConfig(foreign_share=0.0)
+    engine = make_engine(off, 0)
+    records: list[dict[str, object]] = []
+    with InProcessServer(server_config(tmp_path / "server", buffer_size=1)) as server:
+        loop = SyncLoop(
+            engine,
+            state_dir=tmp_path / "a",
+            participant_id="Макар",
+            session="default",
+            spec=model_spec("CartPole-v1", engine.weights(), architecture_name(SMALL.hidden, True)),
+            channel_factory=lambda: grpc.aio.insecure_channel(server.address),
+            sync_interval=3,
+            evaluate_global=False,
+            backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
+            poll_interval_s=0.1,
+            on_record=records.append,
+        )
+        try:
+            loop.start(connect_timeout_s=5.0)
+            engine.start()
+            deadline = time.monotonic() + 60
+            while not {"sync", "adopt"} <= {r["kind"] for r in records}:
+                assert time.monotonic() < deadline, f"records so far: {records}"
+                loop.after_poll(engine.poll())
+        finally:
+            loop.close()
+            engine.close()
+
+    syncs = [r for r in records if r["kind"] == "sync"]
+    adopts = [r for r in records if r["kind"] == "adopt"]
+    for record in records:
+        assert {"kind", "time", "episode", "env_steps"} <= set(record)
+    assert all({"sequence", "base_version", "episodes", "version"} <= set(r) for r in syncs)
+    assert all(isinstance(r["version"], int) and r["version"] >= 0 for r in adopts)
