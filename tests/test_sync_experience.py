@@ -251,6 +251,7 @@ def test_every_push_and_adoption_leaves_a_metrics_record(tmp_path: Path) -> None
             while not {"sync", "adopt"} <= {r["kind"] for r in records}:
                 assert time.monotonic() < deadline, f"records so far: {records}"
                 loop.after_poll(engine.poll())
+            loop.finish()
         finally:
             loop.close()
             engine.close()
