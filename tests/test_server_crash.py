@@ -1,9 +1,11 @@
 """kill -9 at random moments under a stream of pushes: nothing acked is lost or applied twice.
 
-Every delta is all ones and the seed all zeros, so whatever the buffer held,
-each version adds exactly 1.0 to its parent: version v's checkpoint must be v
-everywhere. A version built on a stale global, applied twice or skipped would
-break that, as would a gap in the version numbers.
+Every delta is all ones and the seed all zeros. A version sums each
+participant's buffered updates (c_p ones) and averages participants by their
+summed weights W_p, so it adds sum(W_p * c_p) / sum(W_p) to its parent, which
+the acks table (weight and applied version of every update) lets the test
+compute exactly. A version built on a stale global, an update applied twice or
+skipped would break that, as would a gap in the version numbers.
 """
 
 from __future__ import annotations
@@ -61,8 +63,23 @@ class Pusher(threading.Thread):
                 sequence, base = sequence + 1, reply.current_version
 
 
+def _expected_values(applied: list[tuple[int, str, float]], newest: int) -> list[float]:
+    """The value every element of each version 0..newest must hold."""
+    per_version: dict[int, dict[str, tuple[float, int]]] = {}
+    for version, participant, weight in applied:
+        weight_sum, count = per_version.setdefault(version, {}).get(participant, (0.0, 0))
+        per_version[version][participant] = (weight_sum + weight, count + 1)
+    values = [0.0]
+    for version in range(1, newest + 1):
+        groups = per_version.get(version, {}).values()
+        total = sum(w for w, _ in groups)
+        step = sum(w * c for w, c in groups) / total if total else 0.0
+        values.append(values[-1] + step)
+    return values
+
+
 def check_versions(data_dir: Path, *, running: bool) -> int:
-    """Versions 0..N without gaps; every retained checkpoint loads and equals its version.
+    """Versions 0..N without gaps; every retained checkpoint loads and holds its expected value.
 
     While the server runs, a file above the newest committed row may be a
     version in the middle of its commit, and a listed file may be pruned
@@ -71,7 +88,12 @@ def check_versions(data_dir: Path, *, running: bool) -> int:
     checkpoints = sorted((data_dir / "sessions" / "default" / "checkpoints").glob("v*.npz"))
     with sqlite3.connect(f"{(data_dir / DB_FILE).resolve().as_uri()}?mode=ro", uri=True) as db:
         versions = [v for (v,) in db.execute("SELECT version FROM versions ORDER BY version")]
+        applied = db.execute(
+            "SELECT applied_version, participant_id, weight FROM acks"
+            " WHERE applied_version IS NOT NULL"
+        ).fetchall()
     assert versions == list(range(len(versions)))
+    expected = _expected_values(applied, versions[-1])
     loaded = 0
     for path in checkpoints:
         version = int(path.stem[1:])
@@ -84,7 +106,7 @@ def check_versions(data_dir: Path, *, running: bool) -> int:
         except FileNotFoundError:
             assert running, f"{path.name} vanished"
             continue
-        np.testing.assert_array_equal(values, np.full((100, 1000), float(version)))
+        np.testing.assert_allclose(values, np.full((100, 1000), expected[version]), rtol=1e-5)
         loaded += 1
     assert loaded > 0
     return int(versions[-1])
