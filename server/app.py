@@ -18,7 +18,6 @@ AuthInterceptor before any handler, so no method can forget to authenticate.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -37,6 +36,7 @@ from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.server.aggregation import Strategy
 from fedrl.server.auth import HEALTH_METHODS, AuthInterceptor, InsecureBindError, server_transport
 from fedrl.server.config import ServerConfig
+from fedrl.server.handlers import guard_handler
 from fedrl.server.service import FederationServicer
 from fedrl.server.session import Federation
 
@@ -122,40 +122,13 @@ def _parse_guarded(handler: Any) -> grpc.RpcMethodHandler:
         except ProtobufDecodeError as exc:
             return _Malformed(str(exc))
 
-    codec = {"request_deserializer": tolerant, "response_serializer": handler.response_serializer}
-    if not handler.request_streaming and not handler.response_streaming:
-        inner = handler.unary_unary
+    async def prepare(request: Any, context: Any, requests_stream: bool) -> Any:
+        if requests_stream:
+            return _parsed(request, context)
+        await _refuse_malformed(request, context)
+        return request
 
-        async def unary_unary(request: Any, context: Any) -> Any:
-            await _refuse_malformed(request, context)
-            return await _awaited(inner(request, context))
-
-        return grpc.unary_unary_rpc_method_handler(unary_unary, **codec)
-    if not handler.response_streaming:
-        inner = handler.stream_unary
-
-        async def stream_unary(requests: Any, context: Any) -> Any:
-            return await _awaited(inner(_parsed(requests, context), context))
-
-        return grpc.stream_unary_rpc_method_handler(stream_unary, **codec)
-    streaming = handler.stream_stream if handler.request_streaming else handler.unary_stream
-
-    async def streamed(request: Any, context: Any) -> AsyncIterator[Any]:
-        if handler.request_streaming:
-            request = _parsed(request, context)
-        else:
-            await _refuse_malformed(request, context)
-        result = streaming(request, context)
-        # A streaming handler either yields its responses or awaits context.write.
-        if inspect.isasyncgen(result):
-            async for response in result:
-                yield response
-        else:
-            await _awaited(result)
-
-    if handler.request_streaming:
-        return grpc.stream_stream_rpc_method_handler(streamed, **codec)
-    return grpc.unary_stream_rpc_method_handler(streamed, **codec)
+    return guard_handler(handler, prepare, request_deserializer=tolerant)
 
 
 async def _refuse_malformed(request: Any, context: Any) -> None:
@@ -169,11 +142,6 @@ async def _parsed(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[A
     async for request in requests:
         await _refuse_malformed(request, context)
         yield request
-
-
-async def _awaited(value: Any) -> Any:
-    """A handler's answer, whether it was written async (the norm) or as a plain function."""
-    return await value if inspect.isawaitable(value) else value
 
 
 @dataclass

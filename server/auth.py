@@ -20,13 +20,12 @@ import enum
 import fcntl
 import functools
 import hashlib
-import inspect
 import json
 import logging
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +44,7 @@ from fedrl.common.tls import (
     participant_id_from_cert,
     write_private,
 )
+from fedrl.server.handlers import guard_handler
 
 log = logging.getLogger(__name__)
 
@@ -413,42 +413,11 @@ async def _authenticate_claim(auth: Authenticator, context: Any) -> None:
 
 
 def _guarded(handler: Any, auth: Authenticator) -> grpc.RpcMethodHandler:
-    codec = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
-    if not handler.request_streaming and not handler.response_streaming:
-        inner = handler.unary_unary
-
-        async def unary_unary(request: Any, context: Any) -> Any:
-            await _authenticate_claim(auth, context)
-            return await _result(inner(request, context))
-
-        return grpc.unary_unary_rpc_method_handler(unary_unary, **codec)
-    if not handler.response_streaming:
-        inner = handler.stream_unary
-
-        async def stream_unary(requests: Any, context: Any) -> Any:
-            await _authenticate_claim(auth, context)
-            return await _result(inner(requests, context))
-
-        return grpc.stream_unary_rpc_method_handler(stream_unary, **codec)
-
-    streaming = handler.unary_stream if not handler.request_streaming else handler.stream_stream
-
-    async def streamed(request: Any, context: Any) -> AsyncIterator[Any]:
+    async def prepare(request: Any, context: Any, requests_stream: bool) -> Any:
         await _authenticate_claim(auth, context)
-        result = streaming(request, context)
-        # A streaming handler either yields its responses or awaits context.write.
-        if inspect.isasyncgen(result):
-            async for response in result:
-                yield response
-        else:
-            await _result(result)
+        return request
 
-    if handler.request_streaming:
-        return grpc.stream_stream_rpc_method_handler(streamed, **codec)
-    return grpc.unary_stream_rpc_method_handler(streamed, **codec)
+    return guard_handler(handler, prepare)
 
 
 def _claimed_id(metadata: Metadata) -> str | None:
@@ -461,11 +430,6 @@ def _claimed_id(metadata: Metadata) -> str | None:
         return id_from_metadata(claims)
     except ValueError as exc:
         raise AuthError(grpc.StatusCode.UNAUTHENTICATED, str(exc)) from None
-
-
-async def _result(value: Any) -> Any:
-    """A handler's answer, whether it was written async (the norm) or as a plain function."""
-    return await value if inspect.isawaitable(value) else value
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: AuthError) -> NoReturn:
