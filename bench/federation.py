@@ -412,7 +412,6 @@ def run_participant(task: ParticipantTask) -> None:
             session=SESSION,
             participant_id=task.participant_id,
             cursor=CursorFile(state_dir / "experience-cursor.json"),
-            seed=participant_seed(task.seed, task.index),
         )
         learner.replay = RecordingReplay(mixed, exchange)
         outbox = Outbox(state_dir / "experience-outbox")

@@ -76,12 +76,10 @@ class TrainConfig:
     """Share of each training batch drawn from other participants' transitions; 0 turns
     experience exchange off."""
     push_transitions: int = ExchangeConfig.push_transitions
-    """Recent transitions sampled and pushed to the session per sync."""
+    """Most transitions pushed to the session per sync: the newest of those collected since
+    the last push, each pushed once."""
     pull_transitions: int = ExchangeConfig.pull_transitions
     """Other participants' transitions asked for per sync."""
-    recent_window: int = ExchangeConfig.recent_window
-    """Pushes sample from the newest this many transitions: recent, not just the last
-    episode."""
     foreign_capacity: int = ExchangeConfig.foreign_capacity
     """Foreign transitions the replay keeps, apart from the local ones."""
 
@@ -106,7 +104,6 @@ class TrainConfig:
             foreign_share=self.foreign_share,
             push_transitions=self.push_transitions,
             pull_transitions=self.pull_transitions,
-            recent_window=self.recent_window,
             foreign_capacity=self.foreign_capacity,
         )
 

@@ -727,8 +727,6 @@ class SyncLoop:
                 session=session,
                 participant_id=participant_id,
                 cursor=CursorFile(state_dir / EXPERIENCE_CURSOR_FILE),
-                # Apart from the learner's seed: pushes must not mirror its replay draws.
-                seed=engine.learner.config.seed + 2,
             )
             engine.on_batch(self._experience.record)
         self._participant_id = participant_id

@@ -28,23 +28,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, TypeAlias, TypeVar
 
-from fedrl.common.chunking import (
-    DEFAULT_CHUNK_BYTES,
-    DecodeLimits,
-    NamedTensors,
-    TensorListAssembler,
-)
+from fedrl.common.chunking import DEFAULT_CHUNK_BYTES, DecodeLimits
 from fedrl.common.errors import DecodeError
 from fedrl.common.experience import (
-    COLUMNS,
+    BatchAssembler,
     ExperienceBatch,
-    batch_from_columns,
     batch_header,
-    chunk_columns,
-    encode_columns,
+    chunk_block,
+    decode_batch,
+    encode_batch,
 )
 from fedrl.common.identity import safe_dirname
-from fedrl.common.serde import decode_tensor
 from fedrl.proto.v1 import experience_pb2 as pb
 from fedrl.proto.v1 import experience_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
@@ -143,7 +137,8 @@ class ExperienceExchange:
     def decode_limits(self) -> DecodeLimits:
         """What one pushed batch may declare, checked before a byte of it is accepted."""
         return DecodeLimits(
-            max_tensors=len(COLUMNS),
+            # A batch's columns travel as one block tensor.
+            max_tensors=1,
             max_total_raw_bytes=self._config.max_batch_raw_bytes,
             max_chunk_bytes=self._config.chunk_bytes,
         )
@@ -162,7 +157,7 @@ class ExperienceExchange:
             raise InvalidRequestError("sequence numbers start at 1")
 
     async def push(
-        self, header: pb.ExperienceHeader, participant_id: str, columns: NamedTensors
+        self, header: pb.ExperienceHeader, participant_id: str, batch: ExperienceBatch
     ) -> Ack:
         """Validate a decoded batch and store it once; a refusal is counted against the sender."""
         session = await self._member_session(header.session, participant_id)
@@ -173,7 +168,6 @@ class ExperienceExchange:
         if known is not None:
             return known
         try:
-            batch = batch_from_columns(header, columns)
             # A pass over every value of the batch: off the event loop.
             await asyncio.to_thread(
                 validate_batch,
@@ -182,21 +176,22 @@ class ExperienceExchange:
                 spec_hash=session.spec_hash,
                 limits=self._config.validation,
             )
-        except (DecodeError, InvalidBatchError) as exc:
+        except InvalidBatchError as exc:
             await self.count_rejection(header.session, participant_id)
             raise InvalidRequestError(f"batch {header.sequence} refused: {exc}") from None
         # Re-encoded here: what the store keeps and serves is always our own
-        # canonical zstd, whatever codec the sender chose.
-        encoded = await asyncio.to_thread(encode_columns, batch)
-        stored = batch_header(
+        # canonical zstd, whatever codec and action width the sender chose.
+        stored = await asyncio.to_thread(
+            _encoded,
             batch,
-            encoded,
             session=session.name,
             participant_id=participant_id,
             sequence=header.sequence,
+            cursor=0,
+            codec=tpb.CODEC_ZSTD,
         )
         try:
-            return await self._run(lambda: store.append(stored, encoded, now_ms=_now_ms()))
+            return await self._run(lambda: store.append(stored, now_ms=_now_ms()))
         except BatchTooLargeError as exc:
             await self.count_rejection(header.session, participant_id)
             raise InvalidRequestError(str(exc)) from None
@@ -227,16 +222,24 @@ class ExperienceExchange:
         )
         batches = result.batches
         if batches and batches[0].header.transitions > budget:
-            batches = [await asyncio.to_thread(_cut, batches[0], budget)]
+            batches = [await asyncio.to_thread(self._cut, batches[0], budget)]
         return batches, result.next_cursor
 
     def messages(self, stored: StoredBatch, codec: int) -> Iterator[pb.ExperienceChunk]:
         """The stream messages of one stored batch, in the codec the caller asked for."""
         if codec == tpb.CODEC_NONE:
-            stored = _reencode(stored, _decode(stored), codec=tpb.CODEC_NONE)
+            stored = _reencoded(stored, self._decode(stored), codec=tpb.CODEC_NONE)
         yield pb.ExperienceChunk(header=stored.header)
-        for chunk in chunk_columns(stored.columns, chunk_bytes=self._config.chunk_bytes):
+        for chunk in chunk_block(stored.block, stored.data, chunk_bytes=self._config.chunk_bytes):
             yield pb.ExperienceChunk(chunk=chunk)
+
+    def _decode(self, stored: StoredBatch) -> ExperienceBatch:
+        """A stored batch decoded, under the same limits as a pushed one."""
+        return decode_batch(stored.header, stored.block, stored.data, limits=self.decode_limits)
+
+    def _cut(self, stored: StoredBatch, rows: int) -> StoredBatch:
+        """The first rows of a stored batch: a budget below one batch still makes progress."""
+        return _reencoded(stored, self._decode(stored).select(slice(0, rows)), codec=tpb.CODEC_ZSTD)
 
     # Internals.
 
@@ -311,7 +314,7 @@ class ExperienceServicer(pb_grpc.ExperienceExchangeServicer):
         reply = pb.PushExperienceReply()
         header: pb.ExperienceHeader | None = None
         participant = ""
-        assembler: TensorListAssembler | None = None
+        assembler: BatchAssembler | None = None
         messages = with_idle_timeout(
             request_iterator, self._exchange.config.stream_idle_timeout_s, what="experience"
         )
@@ -325,18 +328,17 @@ class ExperienceServicer(pb_grpc.ExperienceExchangeServicer):
                     header = message.header
                     participant = acting_as(context, header.participant_id)
                     await self._exchange.check_header(header, participant)
-                    assembler = TensorListAssembler(header.columns, self._exchange.decode_limits)
-                    if assembler.complete:
-                        raise InvalidRequestError("a batch must carry its columns")
+                    assembler = BatchAssembler(header, self._exchange.decode_limits)
                 elif message.HasField("chunk"):
                     if assembler is None or header is None:
                         raise InvalidRequestError("a chunk before its batch's ExperienceHeader")
-                    assembler.add(message.chunk)
-                    if assembler.complete:
-                        columns = assembler.result()
+                    # Decompressing and checking a block is CPU work (~20 ms for
+                    # 10k trading transitions): off the event loop.
+                    batch = await asyncio.to_thread(_add_chunk, assembler, message.chunk)
+                    if batch is not None:
                         assembler = None
                         reply.acks.append(
-                            _ack_message(await self._exchange.push(header, participant, columns))
+                            _ack_message(await self._exchange.push(header, participant, batch))
                         )
                 else:
                     raise InvalidRequestError("a push carries headers and chunks only")
@@ -388,36 +390,50 @@ def experience_service(
     return registration, exchange
 
 
+def _add_chunk(assembler: BatchAssembler, chunk: tpb.TensorChunk) -> ExperienceBatch | None:
+    """Feed the assembler one chunk; the decoded batch once it is complete."""
+    assembler.add(chunk)
+    return assembler.result() if assembler.complete else None
+
+
 def _ack_message(ack: Ack) -> pb.ExperienceAck:
     return pb.ExperienceAck(
         sequence=ack.sequence, duplicate=ack.duplicate, transitions_stored=ack.transitions_stored
     )
 
 
-def _decode(stored: StoredBatch) -> ExperienceBatch:
-    columns = [
-        (header.name, decode_tensor(header, data, max_raw_bytes=header.raw_size))
-        for header, data in stored.columns
-    ]
-    return batch_from_columns(stored.header, columns)
-
-
-def _cut(stored: StoredBatch, rows: int) -> StoredBatch:
-    """The first rows of a stored batch: a budget below one batch still makes progress."""
-    return _reencode(stored, _decode(stored).select(slice(0, rows)), codec=tpb.CODEC_ZSTD)
-
-
-def _reencode(stored: StoredBatch, batch: ExperienceBatch, *, codec: int) -> StoredBatch:
-    encoded = encode_columns(batch, codec=codec)
+def _encoded(
+    batch: ExperienceBatch,
+    *,
+    session: str,
+    participant_id: str,
+    sequence: int,
+    cursor: int,
+    codec: int,
+) -> StoredBatch:
+    """batch in wire form under the given sender, sequence and store position."""
+    encoded = encode_batch(batch, codec=codec)
     header = batch_header(
         batch,
         encoded,
+        session=session,
+        participant_id=participant_id,
+        sequence=sequence,
+        cursor=cursor,
+    )
+    return StoredBatch(header=header, block=encoded.block, data=encoded.data)
+
+
+def _reencoded(stored: StoredBatch, batch: ExperienceBatch, *, codec: int) -> StoredBatch:
+    """batch (rows of stored) encoded in codec, under stored's sender, sequence and cursor."""
+    return _encoded(
+        batch,
         session=stored.header.session,
         participant_id=stored.header.participant_id,
         sequence=stored.header.sequence,
         cursor=stored.header.cursor,
+        codec=codec,
     )
-    return StoredBatch(header=header, columns=encoded)
 
 
 async def _abort(context: Context, exc: Exception) -> NoReturn:

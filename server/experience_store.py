@@ -2,6 +2,9 @@
 
 Batches are appended to segment files as framed records (magic, length,
 CRC-32, payload) and indexed in SQLite; the index row is the commit point.
+A payload is the batch header (with its column specs) and the encoded block,
+as a pull sends them: serving a batch re-encodes it only to cut it to a
+budget or to send it uncompressed.
 An append is acknowledged in this order: record written and fsynced ->
 one transaction that drops evicted batches, adds the index row, the ack
 row and the counters -> answer. So after `kill -9` at any moment:
@@ -33,19 +36,24 @@ import os
 import sqlite3
 import struct
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from fedrl.common.experience import EncodedColumn
+from google.protobuf.message import DecodeError as ProtobufDecodeError
+
 from fedrl.proto.v1 import experience_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
 
 log = logging.getLogger(__name__)
 
-_MAGIC = b"FXB1"
+# FXB2: a batch's columns as one block (header with column specs, block
+# header, block bytes). FXB1 held one tensor per column: segments in it are
+# dropped whole at open, with a warning, never served or misread.
+_MAGIC = b"FXB2"
+_FORMER_MAGICS = frozenset({b"FXB1"})
 # magic, payload length, CRC-32 of the payload.
 _FRAME = struct.Struct("<4sII")
 _LENGTH = struct.Struct("<I")
@@ -133,10 +141,14 @@ class Ack:
 
 @dataclass(frozen=True)
 class StoredBatch:
-    """A batch as read back: its header (cursor = batch id) and encoded columns."""
+    """A batch as stored and served: header (cursor = batch id), block header, block bytes."""
 
     header: pb.ExperienceHeader
-    columns: list[EncodedColumn]
+    """Who sent it, how it was made, its column specs; on read, cursor is the batch id."""
+    block: tpb.TensorHeader
+    """The header of the batch's one tensor, the encoded columns."""
+    data: bytes
+    """The encoded columns."""
 
 
 @dataclass(frozen=True)
@@ -204,17 +216,12 @@ class ExperienceStore:
             self._bump(participant_id, "batches_duplicate", now_ms)
         return known
 
-    def append(
-        self,
-        header: pb.ExperienceHeader,
-        columns: Sequence[EncodedColumn],
-        *,
-        now_ms: int,
-    ) -> Ack:
+    def append(self, batch: StoredBatch, *, now_ms: int) -> Ack:
         """Store a validated batch once; a repeat of an acknowledged sequence is a duplicate.
 
-        header names the participant and sequence; its cursor is assigned here.
+        batch.header names the participant and sequence; its cursor is assigned here.
         """
+        header = batch.header
         pid, sequence = header.participant_id, header.sequence
         known = self.answer_duplicate(pid, sequence, now_ms=now_ms)
         if known is not None:
@@ -230,7 +237,7 @@ class ExperienceStore:
         stored.CopyFrom(header)
         stored.session = self._session
         stored.cursor = batch_id
-        record = _frame(_payload(stored, columns))
+        record = _frame(_payload(stored, batch.block, batch.data))
         if len(record) > self._config.participant_quota_bytes:
             raise BatchTooLargeError(
                 f"batch takes {len(record)} bytes stored, more than the per-participant quota "
@@ -485,7 +492,7 @@ class ExperienceStore:
             if payload is None or len(data) != row.length:
                 raise ValueError("frame or checksum does not match")
             return _parse_payload(payload)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, ProtobufDecodeError) as exc:
             log.error(
                 "experience batch %d of session %r is damaged (%s); dropping it",
                 row.batch_id,
@@ -513,6 +520,17 @@ class ExperienceStore:
             path = self._path(segment)
             committed = int(ends.get(segment, 0))
             if committed == 0:
+                path.unlink()
+                continue
+            if _magic(path) in _FORMER_MAGICS:
+                log.warning(
+                    "experience segment %s holds batches of a former format; dropping it", path
+                )
+                with self._transaction() as db:
+                    db.execute(
+                        "DELETE FROM experience_batches WHERE session=? AND segment=?",
+                        (self._session, segment),
+                    )
                 path.unlink()
                 continue
             intact = _intact_end(path)
@@ -585,31 +603,31 @@ def _has_store_tables(db: sqlite3.Connection) -> bool:
     return int(row[0]) == 2
 
 
-def _payload(header: pb.ExperienceHeader, columns: Sequence[EncodedColumn]) -> bytes:
-    """header, then each column's TensorHeader and bytes, each message length-prefixed."""
-    parts = [_length_prefixed(header.SerializeToString())]
-    for tensor_header, data in columns:
-        parts.append(_length_prefixed(tensor_header.SerializeToString()))
-        parts.append(data)
-    return b"".join(parts)
+def _payload(header: pb.ExperienceHeader, block: tpb.TensorHeader, data: bytes) -> bytes:
+    """The batch header and the block header, each length-prefixed, then the block bytes."""
+    return b"".join(
+        (
+            _length_prefixed(header.SerializeToString()),
+            _length_prefixed(block.SerializeToString()),
+            data,
+        )
+    )
 
 
 def _parse_payload(payload: bytes) -> StoredBatch:
     view = memoryview(payload)
     header_bytes, position = _read_prefixed(view, 0)
-    header = pb.ExperienceHeader.FromString(header_bytes)
-    columns: list[EncodedColumn] = []
-    for _ in range(header.columns.tensor_count):
-        tensor_bytes, position = _read_prefixed(view, position)
-        tensor_header = tpb.TensorHeader.FromString(tensor_bytes)
-        end = position + tensor_header.encoded_size
-        if end > len(view):
-            raise ValueError("record shorter than its columns")
-        columns.append((tensor_header, bytes(view[position:end])))
-        position = end
-    if position != len(view):
-        raise ValueError("record longer than its columns")
-    return StoredBatch(header=header, columns=columns)
+    block_bytes, position = _read_prefixed(view, position)
+    block = tpb.TensorHeader.FromString(block_bytes)
+    if len(view) - position != block.encoded_size:
+        raise ValueError(
+            f"record holds {len(view) - position} block bytes, its header says {block.encoded_size}"
+        )
+    return StoredBatch(
+        header=pb.ExperienceHeader.FromString(header_bytes),
+        block=block,
+        data=bytes(view[position:]),
+    )
 
 
 def _length_prefixed(data: bytes) -> bytes:
@@ -639,6 +657,12 @@ def _unframe(data: bytes) -> bytes | None:
     if magic != _MAGIC or len(payload) != length or zlib.crc32(payload) != crc:
         return None
     return payload
+
+
+def _magic(path: Path) -> bytes:
+    """The magic of a segment's first record."""
+    with path.open("rb") as handle:
+        return handle.read(len(_MAGIC))
 
 
 def _intact_end(path: Path) -> int:

@@ -41,7 +41,7 @@ class ValidationLimits:
     """What the server accepts in one experience batch."""
 
     max_transitions: int = 10_000
-    """Rows in one batch; a sync pushes a sample of recent transitions, not the replay."""
+    """Rows in one batch; a sync pushes what was collected since the last one, not the replay."""
     reward_bound: float = 1e6
     """Largest |reward| accepted: a bound on the damage one bad batch can do to TD targets."""
     max_n_step: int = 100

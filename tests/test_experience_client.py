@@ -1,4 +1,4 @@
-"""The participant's side of experience exchange: conversions, sampling, mixing, outbox, RPCs."""
+"""The participant's side of experience exchange: conversions, pushes, mixing, outbox, RPCs."""
 
 from __future__ import annotations
 
@@ -20,16 +20,18 @@ from fedrl.client.experience_exchange import (
     ExperienceSync,
     MixedReplay,
     Pulled,
-    RecentTransitions,
+    UnsentTransitions,
+    experience_messages,
     mixed_replay,
     queue_experience,
     to_experience,
     to_transitions,
 )
 from fedrl.client.learner import Learner, LearnerConfig
-from fedrl.client.outbox import Outbox
+from fedrl.client.outbox import Entry, Outbox
 from fedrl.client.replay import PrioritizedReplay
 from fedrl.client.transitions import TransitionBatch
+from fedrl.common.experience import BatchAssembler
 
 OBS = (4,)
 
@@ -62,17 +64,45 @@ def test_foreign_terminated_rows_never_bootstrap() -> None:
     assert to_transitions(batch).discount[index] == 0.0
 
 
-def test_recent_transitions_keep_the_newest_and_sample_distinct_rows() -> None:
-    recent = RecentTransitions(50, OBS, seed=0)
-    for seed in range(3):
-        recent.add(_transitions(40, seed=seed))
+def test_unsent_transitions_hand_out_every_new_row_once_in_arrival_order() -> None:
+    unsent = UnsentTransitions(100, OBS)
+    first, second = _transitions(30, seed=1), _transitions(20, seed=2)
+    unsent.add(first)
+    unsent.add(second)
 
-    sample = recent.sample(50)
+    taken = unsent.take()
+    again = unsent.take()
 
-    assert sample is not None and len(sample) == 50
-    newest = _transitions(40, seed=2)
-    assert len({row.tobytes() for row in sample.obs}) == 50
-    assert {row.tobytes() for row in newest.obs} <= {row.tobytes() for row in sample.obs}
+    assert taken is not None and again is None and len(unsent) == 0
+    joined = TransitionBatch.concat([first, second])
+    for name in ("obs", "action", "reward", "next_obs", "discount"):
+        np.testing.assert_array_equal(getattr(taken, name), getattr(joined, name), err_msg=name)
+
+
+def test_unsent_transitions_past_capacity_keep_the_newest_in_order() -> None:
+    unsent = UnsentTransitions(50, OBS)
+    batches = [_transitions(40, seed=seed) for seed in range(3)]
+    for batch in batches:
+        unsent.add(batch)
+
+    taken = unsent.take()
+
+    newest = TransitionBatch.concat(batches).obs[-50:]
+    assert taken is not None
+    np.testing.assert_array_equal(taken.obs, newest)
+
+
+def test_rows_recorded_after_a_take_come_with_the_next_one_only() -> None:
+    unsent = UnsentTransitions(64, OBS)
+    unsent.add(_transitions(64, seed=1))
+    unsent.take()
+    later = _transitions(10, seed=2)
+
+    unsent.add(later)
+    taken = unsent.take()
+
+    assert taken is not None
+    np.testing.assert_array_equal(taken.obs, later.obs)
 
 
 def test_mixed_replay_draws_the_foreign_share_and_flags_it() -> None:
@@ -210,7 +240,6 @@ def _sync(root: Path, pid: str, share: float = 0.25) -> ExperienceSync:
         session="default",
         participant_id=pid,
         cursor=CursorFile(root / pid / "experience_cursor.json"),
-        seed=0,
     )
 
 
@@ -264,6 +293,30 @@ def test_experience_sync_turns_itself_off_against_a_server_without_the_service(
 
     assert not sync.enabled
     assert outbox.size(KIND)[0] == 1
+
+
+def test_consecutive_pushes_never_repeat_a_transition(tmp_path: Path) -> None:
+    sync, outbox = _sync(tmp_path, "alice"), Outbox(tmp_path / "out")
+    sync.record(_transitions(40, seed=1))
+    first = sync.queue(outbox)
+    nothing_new = sync.queue(outbox)
+    sync.record(_transitions(30, seed=2))
+
+    second = sync.queue(outbox)
+
+    assert first is not None and second is not None and nothing_new is None
+    pushed = [_pushed_obs(entry) for entry in (first, second)]
+    np.testing.assert_array_equal(pushed[0], _transitions(40, seed=1).obs)
+    np.testing.assert_array_equal(pushed[1], _transitions(30, seed=2).obs)
+    assert outbox.size(KIND)[0] == 2
+
+
+def _pushed_obs(entry: Entry) -> np.ndarray:
+    messages = experience_messages(entry)
+    assembler = BatchAssembler(messages[0].header)
+    for message in messages[1:]:
+        assembler.add(message.chunk)
+    return assembler.result().obs
 
 
 def test_a_zero_share_exchanges_nothing(tmp_path: Path) -> None:

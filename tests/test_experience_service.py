@@ -21,8 +21,8 @@ from test_experience_support import (
     make_batch,
 )
 
-from fedrl.common.chunking import DecodeLimits, TensorListAssembler, chunk_tensors
-from fedrl.common.experience import ExperienceBatch, batch_from_columns, batch_messages
+from fedrl.common.chunking import DecodeLimits, chunk_tensors
+from fedrl.common.experience import BatchAssembler, ExperienceBatch, batch_messages
 from fedrl.proto.v1 import experience_pb2 as pb
 from fedrl.proto.v1 import experience_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
@@ -71,17 +71,17 @@ def pull(
     )
     received: list[tuple[pb.ExperienceHeader, ExperienceBatch]] = []
     header: pb.ExperienceHeader | None = None
-    assembler: TensorListAssembler | None = None
+    assembler: BatchAssembler | None = None
     end: pb.ExperienceEnd | None = None
     for message in stub.PullExperience(request, metadata=metadata(pid), timeout=60):
         if message.HasField("header"):
             header = message.header
-            assembler = TensorListAssembler(header.columns, DecodeLimits())
+            assembler = BatchAssembler(header, DecodeLimits())
         elif message.HasField("chunk"):
             assert assembler is not None and header is not None
             assembler.add(message.chunk)
             if assembler.complete:
-                received.append((header, batch_from_columns(header, assembler.result())))
+                received.append((header, assembler.result()))
         else:
             end = message.end
     assert end is not None, "pull stream without its end message"
@@ -285,15 +285,16 @@ def test_malformed_push_streams_are_refused_with_what_was_wrong(
 
 
 def test_a_batch_declaring_more_than_the_server_accepts_is_refused_before_its_data(
-    exchange: pb_grpc.ExperienceExchangeStub,
+    server: Server, exchange: pb_grpc.ExperienceExchangeStub
 ) -> None:
     messages = batch_messages(make_batch(10), session="default", participant_id="alice", sequence=1)
-    messages[0].header.columns.total_raw_size = 1 << 40
+    messages[0].header.column_specs[0].shape[1] = 1 << 40
 
     refused = _stream_refusal(exchange, messages[:1])
 
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "exceeds the limit" in refused.details()
+    assert "more than the limit" in refused.details()
+    assert _rejected_in_store(server, "alice") == 1
 
 
 def test_a_push_that_stalls_mid_batch_is_dropped(tmp_path: Path) -> None:
@@ -324,12 +325,23 @@ def test_a_push_that_stalls_mid_batch_is_dropped(tmp_path: Path) -> None:
 def test_a_column_of_the_wrong_dtype_is_refused_over_the_wire(
     exchange: pb_grpc.ExperienceExchangeStub,
 ) -> None:
+    messages = batch_messages(make_batch(20), session="default", participant_id="alice", sequence=1)
+    action = next(s for s in messages[0].header.column_specs if s.name == "action")
+    action.dtype = tpb.DTYPE_FLOAT32
+
+    refused = _stream_refusal(exchange, messages)
+
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'action' is float32" in refused.details()
+    assert pull(exchange, "bob")[0] == []
+
+
+def test_a_batch_in_the_former_per_column_format_is_refused_with_the_reason(
+    exchange: pb_grpc.ExperienceExchangeStub,
+) -> None:
     batch = make_batch(20)
-    columns = [
-        (name, column.astype(np.float32) if name == "action" else column)
-        for name, column in batch.columns()
-    ]
-    list_header, chunks = chunk_tensors(columns)
+    # What a client of the former format sent: one tensor per column, no column specs.
+    _, chunks = chunk_tensors(batch.columns())
     header = pb.ExperienceHeader(
         session="default",
         participant_id="alice",
@@ -338,12 +350,11 @@ def test_a_column_of_the_wrong_dtype_is_refused_over_the_wire(
         transitions=20,
         n_step=1,
         gamma=batch.gamma,
-        columns=list_header,
     )
-    messages = [pb.ExperienceChunk(header=header), *(pb.ExperienceChunk(chunk=c) for c in chunks)]
+    former = [pb.ExperienceChunk(header=header), *(pb.ExperienceChunk(chunk=c) for c in chunks)]
 
-    refused = _stream_refusal(exchange, messages)
+    refused = _stream_refusal(exchange, former)
 
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "'action' is float32, not an integer" in refused.details()
+    assert "column_specs is empty" in refused.details()
     assert pull(exchange, "bob")[0] == []

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import sqlite3
+import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from test_experience_support import assert_same_batch, make_batch
 
-from fedrl.common.experience import (
-    ExperienceBatch,
-    batch_from_columns,
-    batch_header,
-    encode_columns,
-)
-from fedrl.common.serde import decode_tensor
+from fedrl.common.experience import ExperienceBatch, batch_header, decode_batch, encode_batch
 from fedrl.proto.v1 import experience_pb2 as pb
 from fedrl.server.experience_store import (
     BatchTooLargeError,
@@ -51,11 +48,7 @@ class Harness:
         self.store = self.open()
 
     def push(self, pid: str, sequence: int, batch: ExperienceBatch) -> int:
-        encoded = encode_columns(batch)
-        header = batch_header(
-            batch, encoded, session=SESSION, participant_id=pid, sequence=sequence
-        )
-        return self.store.append(header, encoded, now_ms=1).transitions_stored
+        return self.store.append(_stored(pid, sequence, batch), now_ms=1).transitions_stored
 
     def segments(self) -> list[Path]:
         return sorted((self.root / "experience").glob("*.seg"))
@@ -72,12 +65,14 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
     opened.close()
 
 
+def _stored(pid: str, sequence: int, batch: ExperienceBatch) -> StoredBatch:
+    encoded = encode_batch(batch)
+    header = batch_header(batch, encoded, session=SESSION, participant_id=pid, sequence=sequence)
+    return StoredBatch(header=header, block=encoded.block, data=encoded.data)
+
+
 def _decoded(stored: StoredBatch) -> ExperienceBatch:
-    columns = [
-        (header.name, decode_tensor(header, data, max_raw_bytes=header.raw_size))
-        for header, data in stored.columns
-    ]
-    return batch_from_columns(stored.header, columns)
+    return decode_batch(stored.header, stored.block, stored.data)
 
 
 def _senders(batches: list[StoredBatch]) -> list[tuple[str, int]]:
@@ -136,12 +131,10 @@ def test_cursor_past_every_batch_resynchronises_to_the_newest(harness: Harness) 
 
 
 def test_duplicate_sequence_is_stored_once_and_answered_as_duplicate(harness: Harness) -> None:
-    batch = make_batch(40)
-    encoded = encode_columns(batch)
-    header = batch_header(batch, encoded, session=SESSION, participant_id="alice", sequence=5)
+    stored = _stored("alice", 5, make_batch(40))
 
-    first = harness.store.append(header, encoded, now_ms=1)
-    again = harness.store.append(header, encoded, now_ms=2)
+    first = harness.store.append(stored, now_ms=1)
+    again = harness.store.append(stored, now_ms=2)
 
     assert (first.duplicate, again.duplicate) == (False, True)
     assert again.transitions_stored == 40
@@ -269,6 +262,29 @@ def test_a_damaged_committed_record_is_never_served(harness: Harness) -> None:
     pulled = harness.store.read_after(0, exclude="bob", max_transitions=10_000)
 
     assert [b.header.sequence for b in pulled.batches] == [1, 3]
+
+
+def test_a_segment_of_the_former_format_is_dropped_at_open_and_the_store_goes_on(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    harness.push("alice", 1, make_batch(50, seed=1))
+    harness.store.close()
+    segment = harness.segments()[-1]
+    # What the per-column format (record magic FXB1) left in the same place.
+    payload = segment.read_bytes()[12:]
+    segment.write_bytes(struct.pack("<4sII", b"FXB1", len(payload), zlib.crc32(payload)) + payload)
+
+    with caplog.at_level(logging.WARNING):
+        harness.reopen()
+
+    assert "former format" in caplog.text
+    assert not segment.exists()
+    assert harness.store.read_after(0, exclude="bob", max_transitions=1000).batches == []
+    assert harness.store.total_bytes == 0
+    assert harness.store.find_ack("alice", 1) is not None
+    harness.push("alice", 2, make_batch(50, seed=2))
+    pulled = harness.store.read_after(0, exclude="bob", max_transitions=1000)
+    assert [b.header.sequence for b in pulled.batches] == [2]
 
 
 def test_store_config_refuses_a_quota_above_the_cap() -> None:

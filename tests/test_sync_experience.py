@@ -34,7 +34,6 @@ EXCHANGE = ExchangeConfig(
     foreign_share=0.25,
     push_transitions=200,
     pull_transitions=2000,
-    recent_window=2000,
     foreign_capacity=10_000,
 )
 

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ExperienceHeader(_message.Message):
-    __slots__ = ("session", "participant_id", "sequence", "env_spec_hash", "transitions", "n_step", "gamma", "columns", "cursor")
+    __slots__ = ("session", "participant_id", "sequence", "env_spec_hash", "transitions", "n_step", "gamma", "cursor", "column_specs", "block")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
@@ -16,8 +16,9 @@ class ExperienceHeader(_message.Message):
     TRANSITIONS_FIELD_NUMBER: _ClassVar[int]
     N_STEP_FIELD_NUMBER: _ClassVar[int]
     GAMMA_FIELD_NUMBER: _ClassVar[int]
-    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     CURSOR_FIELD_NUMBER: _ClassVar[int]
+    COLUMN_SPECS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
     session: str
     participant_id: str
     sequence: int
@@ -25,9 +26,10 @@ class ExperienceHeader(_message.Message):
     transitions: int
     n_step: int
     gamma: float
-    columns: _tensor_pb2.TensorListHeader
     cursor: int
-    def __init__(self, session: _Optional[str] = ..., participant_id: _Optional[str] = ..., sequence: _Optional[int] = ..., env_spec_hash: _Optional[str] = ..., transitions: _Optional[int] = ..., n_step: _Optional[int] = ..., gamma: _Optional[float] = ..., columns: _Optional[_Union[_tensor_pb2.TensorListHeader, _Mapping]] = ..., cursor: _Optional[int] = ...) -> None: ...
+    column_specs: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorSpec]
+    block: _tensor_pb2.TensorListHeader
+    def __init__(self, session: _Optional[str] = ..., participant_id: _Optional[str] = ..., sequence: _Optional[int] = ..., env_spec_hash: _Optional[str] = ..., transitions: _Optional[int] = ..., n_step: _Optional[int] = ..., gamma: _Optional[float] = ..., cursor: _Optional[int] = ..., column_specs: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., block: _Optional[_Union[_tensor_pb2.TensorListHeader, _Mapping]] = ...) -> None: ...
 
 class ExperienceEnd(_message.Message):
     __slots__ = ("next_cursor", "transitions_sent")
