@@ -90,7 +90,7 @@ from fedrl.client.experience_exchange import (
     mixed_replay,
 )
 from fedrl.client.federation_client import FederationClient, UnavailableError
-from fedrl.client.learner import LearnerConfig
+from fedrl.client.learner import TARGET_AT_ADOPTION, LearnerConfig, TargetAtAdoption
 from fedrl.client.network import architecture_name, load_named_arrays
 from fedrl.client.outbox import Outbox
 from fedrl.client.sync import SyncLoop, model_spec
@@ -100,7 +100,6 @@ from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 
 Mode = Literal["avg", "exchange", "both"]
-TargetAtAdoption = Literal["reset", "keep", "shift"]
 MODES: tuple[Mode, ...] = ("avg", "exchange", "both")
 MODE_NAMES = {
     "avg": "weight averaging",
@@ -158,9 +157,9 @@ class Settings:
     """Wire dtype of weight deltas (SyncLoop.delta_dtype)."""
     poll_interval_s: float = 0.5
     """How often a participant's network thread asks for a newer global version."""
-    target_at_adoption: TargetAtAdoption = "reset"
-    """Target network when a global model is adopted: "reset" to it (the learner's
-    behaviour today), "keep" as it was, or "shift" by the same change as the online net."""
+    target_at_adoption: TargetAtAdoption = "keep"
+    """Target network when a global model is adopted: "keep" as it was (the client's
+    default), "reset" to it, or "shift" by the same change as the online net."""
 
 
 @dataclass(frozen=True)
@@ -307,38 +306,6 @@ class ExchangeDriver:
         self._thread.join(30)
 
 
-class AdoptingEngine(TrainingEngine):
-    """A TrainingEngine whose target network follows `target_at_adoption` when weights are set.
-
-    Lets the bench measure target policies the learner does not offer yet,
-    using only the learner's public networks.
-    """
-
-    def __init__(
-        self, config: EngineConfig, learner: LearnerConfig, *, target: TargetAtAdoption
-    ) -> None:
-        super().__init__(config, learner)
-        self._target_policy = target
-
-    def set_weights(self, arrays: Sequence[tuple[str, Any]]) -> None:
-        online, target = self.learner.online, self.learner.target
-        with torch.no_grad():
-            before_online = [p.detach().clone() for p in online.parameters()]
-            before_target = [p.detach().clone() for p in target.parameters()]
-        super().set_weights(arrays)
-        if self._target_policy == "reset":
-            return
-        with torch.no_grad():
-            for param, old_target, old_online, new_online in zip(
-                target.parameters(), before_target, before_online, online.parameters(), strict=True
-            ):
-                if self._target_policy == "keep":
-                    param.copy_(old_target)
-                else:
-                    # The target keeps its lag behind the online net, on the new model.
-                    param.copy_(old_target + (new_online - old_online))
-
-
 def engine_configs(settings: Settings, seed: int) -> tuple[EngineConfig, LearnerConfig]:
     """Serial mode, no local evaluation: the bench evaluates the global model itself."""
     engine = EngineConfig(
@@ -370,7 +337,7 @@ def run_participant(task: ParticipantTask) -> None:
     engine_config, learner_config = engine_configs(
         settings, participant_seed(task.seed, task.index)
     )
-    engine = AdoptingEngine(engine_config, learner_config, target=settings.target_at_adoption)
+    engine = TrainingEngine(engine_config, learner_config)
     weights = _pull_initial_model(task, engine)
     # Every participant starts from the session's version 0, so no first push
     # carries progress made on another initialisation.
@@ -392,6 +359,7 @@ def run_participant(task: ParticipantTask) -> None:
             delta_dtype=settings.delta_dtype,
             evaluate_global=False,
             poll_interval_s=settings.poll_interval_s,
+            target_at_adoption=settings.target_at_adoption,
         )
         loop.start(connect_timeout_s=30.0)
 
@@ -1013,7 +981,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--target-at-adoption",
         default=defaults.target_at_adoption,
-        choices=("reset", "keep", "shift"),
+        choices=TARGET_AT_ADOPTION,
     )
     parser.add_argument(
         "--delta-dtype", default=defaults.delta_dtype, choices=("bfloat16", "float16", "float32")

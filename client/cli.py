@@ -186,6 +186,7 @@ def train_federated(config: TrainConfig) -> Counters:
             sync_interval=config.sync_interval,
             delta_dtype=config.delta_dtype,
             exchange=exchange,
+            target_at_adoption=config.target_at_adoption,
             on_record=lambda record: state.append_metrics([record]),
         )
         joined = sync.start()

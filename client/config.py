@@ -23,7 +23,7 @@ import click
 
 from fedrl.client.engine import EngineConfig
 from fedrl.client.experience_exchange import ExchangeConfig
-from fedrl.client.learner import LearnerConfig
+from fedrl.client.learner import LearnerConfig, TargetAtAdoption
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,9 @@ class TrainConfig:
     """Episodes between pushes of this participant's progress to the server."""
     delta_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     """Wire type of pushed weight deltas (zstd-compressed in any case)."""
+    target_at_adoption: TargetAtAdoption = "keep"
+    """Target network when a global model is adopted: keep it, reset it to the new model, or
+    shift it by the same change (bench/federation.py measured keep best)."""
     ca_cert: str = ""
     """CA certificate (PEM file) that verifies a TLS server; empty for none."""
     bundle: str = ""

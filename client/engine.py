@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import copy
 import math
 import multiprocessing as mp
 import os
@@ -38,7 +39,8 @@ from fedrl.client.actor import (
     slot_capacity,
 )
 from fedrl.client.evaluation import EvalResult, Evaluator
-from fedrl.client.learner import Learner, LearnerConfig
+from fedrl.client.learner import Learner, LearnerConfig, TargetAtAdoption
+from fedrl.client.network import load_named_arrays
 from fedrl.client.replay import Replay
 from fedrl.client.shm import BoardLayout, RingLayout, TransitionRing, WeightsBoard
 from fedrl.client.transitions import TransitionBatch
@@ -501,11 +503,18 @@ class TrainingEngine:
         self._last_eval = result.mean
         return result, new_best
 
-    def evaluate(self) -> EvalResult:
-        """Greedy returns of the learner's current online network."""
+    def evaluate(self, weights: Sequence[tuple[str, npt.NDArray[Any]]] | None = None) -> EvalResult:
+        """Greedy returns of the learner's online network, or of other weights in a copy of it.
+
+        A copy, so evaluating another model (the global one) leaves the
+        learner's networks and the actors' weights untouched.
+        """
         if self._evaluator is None:
             raise RuntimeError("evaluation is disabled (eval_interval=0)")
         net = self.learner.online
+        if weights is not None:
+            net = copy.deepcopy(net)
+            load_named_arrays(net, weights)
         device = next(net.parameters()).device
 
         def q_values(obs: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
@@ -549,9 +558,14 @@ class TrainingEngine:
     def weights(self) -> list[tuple[str, npt.NDArray[Any]]]:
         return self.learner.weights()
 
-    def set_weights(self, arrays: Sequence[tuple[str, npt.NDArray[Any]]]) -> None:
+    def set_weights(
+        self,
+        arrays: Sequence[tuple[str, npt.NDArray[Any]]],
+        *,
+        target: TargetAtAdoption = "reset",
+    ) -> None:
         """Adopt a model (e.g. the global one) and hand it to the actors at once."""
-        self.learner.set_weights(arrays, reset_target=True)
+        self.learner.set_weights(arrays, target=target)
         if self._started:
             self._publish()
 

@@ -25,6 +25,11 @@ STATE_FORMAT = 1
 """Version of ``Learner.state_dict()``'s layout; bumped on any change to it."""
 
 
+TargetAtAdoption = Literal["reset", "keep", "shift"]
+"""What the target network does when the online one adopts other weights (Learner.set_weights)."""
+TARGET_AT_ADOPTION: tuple[TargetAtAdoption, ...] = ("reset", "keep", "shift")
+
+
 @dataclass(frozen=True)
 class LearnerConfig:
     """Every knob of the learner. Defaults are what learned CartPole-v1 fastest.
@@ -434,22 +439,37 @@ class Learner:
         return named_arrays(self.online)
 
     def set_weights(
-        self, arrays: Sequence[tuple[str, np.ndarray]], *, reset_target: bool = True
+        self, arrays: Sequence[tuple[str, np.ndarray]], *, target: TargetAtAdoption = "reset"
     ) -> None:
         """Adopt a model (e.g. the newest global one); strict about names and shapes.
 
-        The target network is reset to it too by default: bootstrapping the new
-        model from an older target would pull it back toward the old weights.
-        Adam's moments are kept; they are a property of the loss surface, which
+        What the target network does decides what the next TD targets
+        bootstrap from: "reset" copies the new model (a fresh start, as after
+        loading a checkpoint), "keep" leaves it as it was, "shift" moves it by
+        the same change as the online net so that its lag behind the online
+        net is kept. Federated adoption keeps it by default: a reset at every
+        adoption is an extra hard target update each sync, and with frequent
+        versions that destabilised training (bench/federation.py). Adam's
+        moments are kept in every case; they describe the loss surface, which
         a nearby model shares.
         """
+        if target not in TARGET_AT_ADOPTION:
+            raise ValueError(
+                f"target must be one of {', '.join(TARGET_AT_ADOPTION)}, got {target!r}"
+            )
+        before = [p.detach().clone() for p in self.online.parameters()] if target == "shift" else []
         load_named_arrays(self.online, arrays)
-        if reset_target:
-            with torch.no_grad():
-                for target, online in zip(
+        with torch.no_grad():
+            if target == "reset":
+                for old_target, online in zip(
                     self.target.parameters(), self.online.parameters(), strict=True
                 ):
-                    target.copy_(online)
+                    old_target.copy_(online)
+            elif target == "shift":
+                for old_target, old_online, online in zip(
+                    self.target.parameters(), before, self.online.parameters(), strict=True
+                ):
+                    old_target.add_(online - old_online)
 
     def state_dict(self) -> dict[str, Any]:
         """Online, target, optimizer and counters, all on CPU.

@@ -9,7 +9,9 @@ a slot holding the newest pulled global model, which the main thread adopts
 at its next round. So actors and learner keep going through slow pulls,
 outages and server restarts.
 
-Every `sync_interval` local episodes the main thread:
+Every `sync_interval` local episodes, once the previous update has been
+acknowledged (one in flight at a time, so a slow link or the server's rate
+limit makes updates larger, not late), the main thread:
 
 1. takes an INCREMENTAL delta, local − reference, where the reference is the
    weights at the last push or adoption (the lead's decision: a delta from
@@ -21,10 +23,12 @@ Every `sync_interval` local episodes the main thread:
 2. adopts a newer global version g if the network thread pulled one:
    local := g + (local − reference), the reference := g. The term in brackets
    is what was learned since the last push and not yet sent, so adoption
-   loses no local work; the learner resets its target network to the new
-   weights. The optimizer state (Adam's moments) is kept: it describes the
-   loss surface around a nearby model, and resetting it would restart Adam's
-   bias correction with oversized first steps after every sync.
+   loses no local work. The learner's target network is left as it was by
+   default (`target_at_adoption`: a reset at every adoption is an extra hard
+   target update per sync, which measured worse). The optimizer state (Adam's
+   moments) is kept: it describes the loss surface around a nearby model, and
+   resetting it would restart Adam's bias correction with oversized first
+   steps after every sync.
 3. stops when the session goal is reached (the server says so, or its count
    plus this participant's unpushed episodes reach it): the current round
    finishes, the remaining progress is pushed, the outbox flushed (bounded
@@ -103,6 +107,7 @@ from fedrl.client.federation_client import (
     UnavailableError,
     build_update,
 )
+from fedrl.client.learner import TARGET_AT_ADOPTION, TargetAtAdoption
 from fedrl.client.outbox import Entry, Outbox, OutboxLimits, decode_update, update_messages
 from fedrl.client.vector_env import make_vector_env
 from fedrl.common.spec import spec_hash
@@ -694,11 +699,20 @@ class SyncLoop:
         backoff: BackoffPolicy = _DEFAULT_BACKOFF,
         poll_interval_s: float = 2.0,
         exchange: ExchangeConfig | None = None,
+        target_at_adoption: TargetAtAdoption = "keep",
         on_record: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         """`exchange` with a share above 0 trades experience with the session; the engine
         must then have been built with `replay=mixed_replay(...)` (see experience_exchange).
+        `target_at_adoption` is what the learner's target network does when a global model
+        is adopted (Learner.set_weights).
         `on_record` receives one metrics record per push ("sync") and adoption ("adopt")."""
+        if target_at_adoption not in TARGET_AT_ADOPTION:
+            raise ValueError(
+                f"target_at_adoption must be one of {', '.join(TARGET_AT_ADOPTION)}, "
+                f"got {target_at_adoption!r}"
+            )
+        self._target_at_adoption: TargetAtAdoption = target_at_adoption
         if sync_interval < 1:
             raise ValueError(f"sync interval must be at least one episode, got {sync_interval}")
         self._on_record = on_record
@@ -899,7 +913,14 @@ class SyncLoop:
             raise SyncError(f"federation stopped: {fatal}")
         self._absorb()
         episodes = self._engine.counters.episodes
-        if episodes - self._state.pushed_episodes >= self._sync_interval:
+        if episodes - self._state.pushed_episodes >= self._sync_interval and not (
+            self._open_outbox().pending("update")
+        ):
+            # One update in flight at a time: while the previous one waits
+            # (a slow link, the server's rate limit, an outage) the progress
+            # keeps growing in local − reference and leaves as one fresher
+            # update, instead of a queue of deltas on ever older bases that
+            # the global model would take in late.
             self.push()
         # Its own clock: before the first adoption push() writes nothing and
         # leaves pushed_episodes behind, but experience still goes out.
@@ -1046,10 +1067,9 @@ class SyncLoop:
             # The server tracks the best global version by this number. Like
             # the local evaluation, at most once per eval_interval env steps:
             # a good CartPole model costs 5000 greedy steps per evaluation.
-            self._engine.set_weights(model.tensors)
-            self._base_eval = (model.version, self._engine.evaluate().mean)
+            self._base_eval = (model.version, self._engine.evaluate(model.tensors).mean)
             self._next_global_eval = counters.env_steps + interval
-        self._engine.set_weights(rebased)
+        self._engine.set_weights(rebased, target=self._target_at_adoption)
         log.info("adopted global version %d", model.version)
         global_eval = (
             self._base_eval[1] if self._base_eval and self._base_eval[0] == model.version else None

@@ -170,11 +170,38 @@ def test_set_weights_can_leave_the_target_network_alone() -> None:
     target_before = [p.detach().clone() for p in learner.target.parameters()]
     shifted = [(name, array + 1.0) for name, array in learner.weights()]
 
-    learner.set_weights(shifted, reset_target=False)
+    learner.set_weights(shifted, target="keep")
 
     for old, now in zip(target_before, learner.target.parameters(), strict=True):
         torch.testing.assert_close(now, old)
     assert _max_difference(learner.target, learner.online) == pytest.approx(1.0)
+
+
+def test_set_weights_can_shift_the_target_network_by_the_same_change() -> None:
+    learner = Learner(obs_shape=(CHAIN,), n_actions=2, config=SMALL)
+    learner.add(_chain_transitions(copies=16))
+    learner.train(20)
+    online_before = [p.detach().clone() for p in learner.online.parameters()]
+    target_before = [p.detach().clone() for p in learner.target.parameters()]
+    moved = [(name, array + 0.5) for name, array in learner.weights()]
+
+    learner.set_weights(moved, target="shift")
+
+    for old_target, old_online, target, online in zip(
+        target_before,
+        online_before,
+        learner.target.parameters(),
+        learner.online.parameters(),
+        strict=True,
+    ):
+        torch.testing.assert_close(online - target, old_online - old_target)
+
+
+def test_set_weights_refuses_an_unknown_target_policy() -> None:
+    learner = Learner(obs_shape=(CHAIN,), n_actions=2, config=SMALL)
+
+    with pytest.raises(ValueError, match="target must be one of reset, keep, shift"):
+        learner.set_weights(learner.weights(), target="drop")  # type: ignore[arg-type]
 
 
 def test_state_dict_round_trips_through_torch_save_with_weights_only(tmp_path: Path) -> None:

@@ -8,10 +8,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
 import pytest
+import torch
 from server_harness import InProcessServer, server_config
 
 from fedrl.client.backoff import BackoffPolicy
@@ -55,6 +57,7 @@ def participant(
     *,
     learner: LearnerConfig = SMALL,
     sync_interval: int = 5,
+    **loop_options: Any,
 ) -> Iterator[tuple[TrainingEngine, SyncLoop]]:
     """A started engine and its sync loop (joined if the server answers); both closed after."""
     engine = make_engine(learner)
@@ -71,6 +74,7 @@ def participant(
         sync_interval=sync_interval,
         backoff=FAST_RETRY,
         poll_interval_s=0.2,
+        **loop_options,
     )
     try:
         loop.start(connect_timeout_s=3.0)
@@ -113,6 +117,57 @@ def test_two_participants_reach_the_goal_and_their_contributions_add_up(tmp_path
     assert {pid: p.episodes for pid, p in on_server.items()} == local
     assert sum(local.values()) == goal.episodes_done
     assert all(p.updates_accepted > 0 and p.updates_duplicate == 0 for p in on_server.values())
+
+
+@pytest.mark.parametrize("policy", ["keep", "reset"])
+def test_adopting_a_global_model_treats_the_target_network_as_configured(
+    tmp_path: Path, policy: str
+) -> None:
+    adopted: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
+    with (
+        InProcessServer(server_config(tmp_path / "server", buffer_size=1)) as server,
+        participant(
+            server.address,
+            tmp_path / "a",
+            "alice",
+            sync_interval=2,
+            target_at_adoption=policy,
+            on_record=lambda record: record["kind"] == "adopt" and adopted.append(networks()),
+        ) as (engine, loop),
+    ):
+
+        def networks() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+            learner = engine.learner
+            return (
+                [p.detach().clone() for p in learner.target.parameters()],
+                [p.detach().clone() for p in learner.online.parameters()],
+            )
+
+        deadline = time.monotonic() + 60.0
+        while len(adopted) < 2:
+            assert time.monotonic() < deadline, "no global version was adopted in time"
+            result = engine.poll()
+            target_before, _ = networks()
+            adopted_before = len(adopted)
+            loop.after_poll(result)
+        loop.finish()
+
+    target, online = adopted[-1]
+    # A version made of this participant's own update still moves the online
+    # net (bfloat16 deltas), so the two policies leave different targets.
+    assert len(adopted) > adopted_before
+    if policy == "reset":
+        assert all(torch.equal(t, o) for t, o in zip(target, online, strict=True))
+    else:
+        assert all(torch.equal(t, b) for t, b in zip(target, target_before, strict=True))
+
+
+def test_sync_loop_refuses_an_unknown_target_policy(tmp_path: Path) -> None:
+    with (
+        pytest.raises(ValueError, match="target_at_adoption must be one of"),
+        participant("127.0.0.1:1", tmp_path / "a", "alice", target_at_adoption="drop"),
+    ):
+        pass
 
 
 def test_incompatible_model_is_refused_at_start_and_leaves_no_state(tmp_path: Path) -> None:
