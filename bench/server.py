@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import multiprocessing as mp
+import os
 import re
 import socket
 import sqlite3
@@ -96,6 +97,13 @@ def fedrl_server(data_dir: Path, buffer_size: int) -> Iterator[tuple[str, psutil
         str(buffer_size),
         "--buffer-timeout-s",
         "0.5",
+        # The per-participant push rate limit guards a shared server against a
+        # runaway client; this bench measures what the server can take, so
+        # every participant pushes as fast as it is answered.
+        "--push-rate-per-s",
+        "1000",
+        "--push-burst",
+        "1000",
         "--log-level",
         "WARNING",
     ]
@@ -220,6 +228,8 @@ def run_fedrl(config: BenchConfig) -> dict[str, Any]:
                 worker.start()
             for _ in workers:
                 signals.ready.get(timeout=300)
+            cpu_before = cpu_seconds(server)
+            load_before = os.getloadavg()[0]
             start_at = time.time()
             signals.go.set()
             stop_at = start_at + config.duration_s
@@ -227,6 +237,10 @@ def run_fedrl(config: BenchConfig) -> dict[str, Any]:
             sampler = threading.Thread(target=peak_rss, args=(server, stop, peak), daemon=True)
             sampler.start()
             outcomes = [signals.results.get(timeout=config.duration_s + 120) for _ in workers]
+            # The window's CPU: on a shared machine, time per update varies with
+            # the load while CPU per update does not.
+            server_cpu_s = cpu_seconds(server) - cpu_before
+            load_after = os.getloadavg()[0]
             for worker in workers:
                 worker.join()
             stop.set()
@@ -247,7 +261,15 @@ def run_fedrl(config: BenchConfig) -> dict[str, Any]:
         "push_latency_p99_ms": float(np.percentile(latencies, 99)),
         "server_peak_rss_mb": peak[0] / 2**20,
         "cost_per_applied_update_ms": 1000 * config.duration_s / max(applied, 1),
+        "server_cpu_per_applied_update_ms": 1000 * server_cpu_s / max(applied, 1),
+        "load_average_1min": [load_before, load_after],
     }
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    """User + system CPU time of the process and its threads so far."""
+    times = process.cpu_times()
+    return float(times.user + times.system)
 
 
 def count_applied(data_dir: Path, start_at: float, stop_at: float) -> tuple[int, int]:
@@ -362,6 +384,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="A short run (fewer seconds).")
     parser.add_argument("--participants", type=int, default=8)
     parser.add_argument("--buffer-size", type=int, default=8)
+    parser.add_argument(
+        "--skip-flower", action="store_true", help="Only fedrl's figures (A/B runs of the server)."
+    )
     args = parser.parse_args()
     config = BenchConfig(
         participants=args.participants,
@@ -370,7 +395,7 @@ def main() -> None:
         flower_rounds=2 if args.quick else 5,
     )
     ours = run_fedrl(config)
-    flower = run_flower(config)
+    flower = {"skipped": "--skip-flower"} if args.skip_flower else run_flower(config)
 
     print(f"{'':34}{'fedrl':>14}{'Flower FedAvg':>16}")
     flower_cost = flower.get("cost_per_client_update_ms")
@@ -380,6 +405,12 @@ def main() -> None:
         ("push latency p99 (ms)", f"{ours['push_latency_p99_ms']:.1f}", "-"),
         ("versions created", str(ours["versions_created"]), "-"),
         ("server peak RSS (MB)", f"{ours['server_peak_rss_mb']:.0f}", "-"),
+        (
+            "server CPU per applied update (ms)",
+            f"{ours['server_cpu_per_applied_update_ms']:.1f}",
+            "-",
+        ),
+        ("load average (start, end)", "{:.1f}, {:.1f}".format(*ours["load_average_1min"]), "-"),
         (
             "round time (s)",
             "-",

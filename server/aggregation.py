@@ -10,6 +10,15 @@ Robust strategies work coordinate-wise over blocks of coordinates (a (K, B)
 float64 buffer, B = 64 Ki), so 8 deltas of 1M parameters need 4 MiB of scratch
 instead of stacking every delta, and the sort runs in cache.
 
+The weighted mean runs over the same blocks without stacking them: one
+float64 multiply-add per delta into a block-sized sum that stays in cache
+(9 ms for 8 deltas of 1M parameters, where stacking them took 13 ms), and
+its finiteness is checked once, on the result.
+
+ParticipantSums does the part of the work that can be done as updates
+arrive: each participant's increments are summed on arrival, so making a
+version runs the strategy once over one delta per participant.
+
 Weights, FedBuff-style (Nguyen et al., 2022): an update trained on n samples
 against a base s versions old weighs min(n, cap) * (1 + s) ** -exponent. The
 cap stops one participant from claiming an arbitrary share of the average.
@@ -28,8 +37,9 @@ import numpy.typing as npt
 
 Float64Array = npt.NDArray[np.float64]
 
-# Coordinates per block in the coordinate-wise strategies: 64 Ki x K=8 x 8 bytes
-# = 4 MiB of scratch, small enough to stay in L2/L3 while sorting.
+# Coordinates per block: in the coordinate-wise strategies 64 Ki x K=8 x 8 bytes
+# = 4 MiB of scratch, small enough to stay in L2/L3 while sorting; in the mean,
+# 2 x 512 KiB (measured: 16 Ki blocks no faster, 4 Ki slower).
 _BLOCK = 1 << 16
 
 
@@ -101,10 +111,15 @@ class WeightedMean:
         """Weighted mean of the deltas, coordinate by coordinate."""
         models, w = _validated(deltas, weights)
         w = w / w.sum()
-        # einsum, not `w @ block`: a BLAS call may start a thread per core,
-        # and on a server whose cores are busy with requests those threads
-        # made the mean 5x slower, where einsum's single loop stays steady.
-        return _blockwise(models, lambda block: np.einsum("k,kb->b", w, block))
+        result: list[np.ndarray] = []
+        for index, first in enumerate(models[0]):
+            flats = [model[index].reshape(-1) for model in models]
+            mean = _weighted_sum(flats, w).reshape(first.shape)
+            if not np.isfinite(mean).all():
+                bad = next(k for k, flat in enumerate(flats) if not np.isfinite(flat).all())
+                raise ValueError(f"delta {bad}, tensor {index}: holds NaN or infinity")
+            result.append(mean)
+        return result
 
 
 @dataclass(frozen=True)
@@ -208,6 +223,38 @@ def make_strategy(name: str, **options: Any) -> Strategy:
     return factory(**options)
 
 
+class ParticipantSums:
+    """A buffer's updates, each participant's increments and weights summed on arrival.
+
+    Clients push incremental deltas (progress since their previous push), so
+    a participant's buffered updates add up to its progress since the first
+    of them; the strategy then combines participants. Averaging them as
+    separate updates would apply 1/K of a lone participant's progress and let
+    one who pushes often count several times in a robust strategy.
+    """
+
+    def __init__(self, strategy: Strategy) -> None:
+        self._strategy = strategy
+        self._sums: dict[str, tuple[list[np.ndarray], float]] = {}
+
+    def add(self, participant_id: str, delta: Sequence[np.ndarray], weight: float) -> None:
+        """Add the delta to its participant's running sum (float32, like the deltas)."""
+        tensors = _float_tensors(delta, f"delta of {participant_id!r}")
+        previous = self._sums.get(participant_id)
+        if previous is None:
+            self._sums[participant_id] = (tensors, float(weight))
+            return
+        total, total_weight = previous
+        _check_like(total, tensors, f"delta of {participant_id!r}")
+        summed = [a + b for a, b in zip(total, tensors, strict=True)]
+        self._sums[participant_id] = (summed, total_weight + float(weight))
+
+    def result(self) -> list[np.ndarray]:
+        """The strategy's aggregate of the participants' sums, weighted by their summed weights."""
+        sums = list(self._sums.values())
+        return self._strategy.aggregate([d for d, _ in sums], [w for _, w in sums])
+
+
 def apply_update(
     global_tensors: Sequence[np.ndarray], aggregate: Sequence[np.ndarray], *, server_lr: float
 ) -> list[np.ndarray]:
@@ -219,17 +266,45 @@ def apply_update(
     _check_like(base, step, "aggregate")
     result: list[np.ndarray] = []
     for index, (g, a) in enumerate(zip(base, step, strict=True)):
-        _check_finite(g, f"global model tensor {index}")
-        _check_finite(a, f"aggregate tensor {index}")
+        # In float64, one buffer, no temporaries; a non-finite input makes a
+        # non-finite result, so the inputs are only looked at when it is one.
+        wide = a.astype(np.float64)
+        wide *= server_lr
+        wide += g
         with np.errstate(over="ignore"):
-            new = (g.astype(np.float64) + server_lr * a.astype(np.float64)).astype(np.float32)
+            new = wide.astype(np.float32)
         if not np.isfinite(new).all():
+            _check_finite(g, f"global model tensor {index}")
+            _check_finite(a, f"aggregate tensor {index}")
             raise ValueError(
                 f"applying the aggregate overflows float32 in tensor {index}; "
                 "lower server_lr or clip update norms"
             )
         result.append(new)
     return result
+
+
+def _weighted_sum(flats: Sequence[np.ndarray], weights: Float64Array) -> np.ndarray:
+    """sum_k weights[k] * flats[k] as float32, summed in float64 one cache-sized block at a time.
+
+    Not `weights @ stacked`: a BLAS call may start a thread per core, and on
+    a server whose cores are busy with requests those threads made the mean
+    5x slower.
+    """
+    size = flats[0].size
+    out = np.empty(size, dtype=np.float32)
+    total = np.empty(min(size, _BLOCK), dtype=np.float64)
+    term = np.empty_like(total)
+    for start in range(0, size, _BLOCK):
+        stop = min(start + _BLOCK, size)
+        block, scratch = total[: stop - start], term[: stop - start]
+        np.multiply(flats[0][start:stop], weights[0], out=block, dtype=np.float64)
+        for flat, weight in zip(flats[1:], weights[1:], strict=True):
+            np.multiply(flat[start:stop], weight, out=scratch, dtype=np.float64)
+            np.add(block, scratch, out=block)
+        with np.errstate(over="ignore", invalid="ignore"):
+            out[start:stop] = block
+    return out
 
 
 def _blockwise(

@@ -1,15 +1,23 @@
 """The single writer of a session's global model: an asyncio task (FedBuff).
 
-Acknowledged updates arrive on a queue. After K of them, or when the oldest
-has waited `buffer_timeout_s`, the buffer is clipped, aggregated by the
-injected strategy and applied to the newest global with the server learning
-rate. The new version then becomes visible in this order, which is what makes
-a kill -9 at any instant recoverable:
+Acknowledged updates arrive on a queue and are clipped and summed per
+participant as they arrive (fedrl.server.aggregation.ParticipantSums), on
+the aggregator's own thread. After K of them, or when the oldest has waited `buffer_timeout_s`,
+the strategy's aggregate is applied to the newest global with the server
+learning rate. The new version then becomes visible in this order, which is
+what makes a kill -9 at any instant recoverable:
 
 1. the checkpoint file is written, fsynced and renamed (ModelStore.write);
 2. the version row and the acks it folds in are committed in one transaction;
 3. only then does the in-memory global move and do readers see it;
 4. the update log is trimmed below every update not yet in a version.
+
+Those steps are disk-bound, so they run as a commit task on a thread of
+their own while the aggregator goes on accumulating the next buffer; the
+next version is computed on top of the one being committed (the head) and
+its commit starts only once the previous one is done. A commit that fails is
+retried as it was (same number, tensors and updates), so the head stays
+valid; only at shutdown does it give up, leaving its updates to the log.
 
 Only this task assigns the global tensors and the version number, so the data
 path needs no locks; readers take the (version, tensors) pair, which is
@@ -31,7 +39,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from fedrl.server.aggregation import Strategy, apply_update, clip_by_norm
+from fedrl.server.aggregation import ParticipantSums, Strategy, apply_update, clip_by_norm
 from fedrl.server.model_store import ModelStore
 from fedrl.server.state_db import DbRunner, VersionRow
 from fedrl.server.update_log import LoggedUpdate, UpdateLog
@@ -111,14 +119,23 @@ class Aggregator:
         self._on_version = on_version
         self._discard_watermark = discard_watermark
         self._snapshot = snapshot
+        self._head = snapshot
+        """The newest computed version: the committed one, or the one being committed."""
         self._best_version = best_version
         self._queue: asyncio.Queue[LoggedUpdate | _Seed | _Stop] = asyncio.Queue()
         self._buffer: list[LoggedUpdate] = []
+        self._accumulation: ParticipantSums | None = None
+        """The buffer's updates accumulated; None when it must be rebuilt from the buffer."""
         self._buffer_since = 0.0
+        self._in_commit: list[LoggedUpdate] = []
+        self._committing: asyncio.Task[bool] | None = None
+        self._stopping = False
         self._task: asyncio.Task[None] | None = None
-        # The aggregator's own thread: pushes decoding and logging on the
-        # shared pool never make a new version wait for a free worker.
+        # The aggregator's own threads: pushes decoding and logging on the
+        # shared pool never make a new version wait for a free worker, and
+        # a commit's fsyncs never hold up accumulating the next buffer.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"fedrl-agg-{session}")
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"fedrl-commit-{session}")
         self._drained = asyncio.Event()
 
     @property
@@ -132,8 +149,8 @@ class Aggregator:
 
     @property
     def pending(self) -> int:
-        """Acknowledged updates not yet folded into a version."""
-        return len(self._buffer) + self._queue.qsize()
+        """Acknowledged updates not yet in a committed version."""
+        return len(self._buffer) + self._queue.qsize() + len(self._in_commit)
 
     async def wait_for_room(self, limit: int) -> None:
         """Wait while `limit` or more updates are pending, so pushes slow to the aggregation rate.
@@ -176,9 +193,13 @@ class Aggregator:
             self._queue.put_nowait(_Stop())
             await self._task
         self._worker.shutdown(wait=True)
+        self._io.shutdown(wait=True)
 
     async def _in_worker(self, call: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._worker, call, *args)
+
+    async def _in_io(self, call: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._io, call, *args)
 
     async def _run(self) -> None:
         while True:
@@ -186,16 +207,42 @@ class Aggregator:
             if item is None:
                 await self._flush_guarded()
             elif isinstance(item, _Stop):
-                await self._flush_guarded()
+                self._stopping = True
+                # A version whose commit gave up is not a base for another.
+                if await self._previous_committed():
+                    await self._flush_guarded()
+                    await self._previous_committed()
                 return
             elif isinstance(item, _Seed):
                 await self._seed(item)
             else:
-                if not self._buffer:
-                    self._buffer_since = time.monotonic()
-                self._buffer.append(item)
+                await self._add(item)
                 if len(self._buffer) >= self._settings.buffer_size:
                     await self._flush_guarded()
+
+    async def _add(self, update: LoggedUpdate) -> None:
+        """Buffer an update and accumulate it now, while the previous version commits."""
+        if not self._buffer:
+            self._buffer_since = time.monotonic()
+            self._accumulation = ParticipantSums(self._strategy)
+        self._buffer.append(update)
+        accumulation = self._accumulation
+        if accumulation is None:
+            return
+        try:
+            await self._in_worker(self._accumulate, accumulation, [update])
+        except Exception:
+            # Acknowledged, so never dropped: the flush rebuilds from the buffer
+            # and reports the problem there, retrying as for any failed flush.
+            log.exception("session %r: accumulating an update failed", self._session)
+            self._accumulation = None
+
+    def _accumulate(self, accumulation: ParticipantSums, updates: Sequence[LoggedUpdate]) -> None:
+        for update in updates:
+            delta = [tensor for _, tensor in update.tensors]
+            if self._settings.clip_norm > 0:
+                delta, _norm = clip_by_norm(delta, self._settings.clip_norm)
+            accumulation.add(update.participant_id, delta, update.weight)
 
     async def _next_item(self) -> LoggedUpdate | _Seed | _Stop | None:
         """The next command, or None when the buffer's timeout has come."""
@@ -229,6 +276,7 @@ class Aggregator:
         except Exception as exc:
             item.done.set_exception(exc)
         else:
+            self._head = self._snapshot
             item.done.set_result(0)
 
     async def _flush_guarded(self) -> None:
@@ -240,42 +288,61 @@ class Aggregator:
             self._buffer_since = time.monotonic()
 
     async def _flush(self) -> None:
-        if not self._buffer or self._snapshot is None:
+        head = self._head
+        if not self._buffer or head is None:
             return
         updates = list(self._buffer)
-        base = self._snapshot
-        new_tensors = await self._in_worker(self._aggregate, base.tensors, updates)
-        await self._commit(
-            base.version + 1, parent=base.version, tensors=new_tensors, updates=updates
+        accumulation = self._accumulation
+        if accumulation is None:
+            accumulation = ParticipantSums(self._strategy)
+            await self._in_worker(self._accumulate, accumulation, updates)
+            self._accumulation = accumulation
+        new_tensors = await self._in_worker(self._new_global, head.tensors, accumulation)
+        # Versions commit in order: the one this is computed on comes first.
+        if not await self._previous_committed():
+            return
+        self._head = Snapshot(head.version + 1, tuple(new_tensors))
+        self._in_commit = updates
+        del self._buffer[: len(updates)]
+        self._accumulation = None
+        self._committing = asyncio.create_task(
+            self._commit_until_done(head.version + 1, head.version, new_tensors, updates),
+            name=f"commit:{self._session}:{head.version + 1}",
         )
 
-    def _aggregate(
-        self, global_tensors: Sequence[np.ndarray], updates: Sequence[LoggedUpdate]
+    def _new_global(
+        self, global_tensors: Sequence[np.ndarray], accumulation: ParticipantSums
     ) -> list[np.ndarray]:
-        # Clients push incremental deltas (progress since their previous push),
-        # so a participant's buffered updates add up to its progress since the
-        # first of them: they are summed, weights too, and the strategy then
-        # combines participants. Averaging them as separate updates would apply
-        # 1/K of a lone participant's progress and let one who pushes often
-        # count several times in a robust strategy.
-        summed: dict[str, tuple[list[np.ndarray], float]] = {}
-        for update in updates:
-            delta = [tensor for _, tensor in update.tensors]
-            if self._settings.clip_norm > 0:
-                delta, _norm = clip_by_norm(delta, self._settings.clip_norm)
-            previous = summed.get(update.participant_id)
-            if previous is None:
-                summed[update.participant_id] = (delta, update.weight)
-            else:
-                total, weight = previous
-                summed[update.participant_id] = (
-                    [a + b for a, b in zip(total, delta, strict=True)],
-                    weight + update.weight,
-                )
-        deltas = [delta for delta, _ in summed.values()]
-        weights = [weight for _, weight in summed.values()]
-        aggregate = self._strategy.aggregate(deltas, weights)
+        aggregate = accumulation.result()
         return apply_update(list(global_tensors), aggregate, server_lr=self._settings.server_lr)
+
+    async def _previous_committed(self) -> bool:
+        """Wait for the commit in flight, if any; False if it gave up (only at shutdown)."""
+        if self._committing is None:
+            return True
+        return await self._committing
+
+    async def _commit_until_done(
+        self, version: int, parent: int, tensors: list[np.ndarray], updates: list[LoggedUpdate]
+    ) -> bool:
+        """Commit a computed version, retrying it unchanged until it succeeds or the server stops.
+
+        A retry must be this exact version: the next one may already be
+        computed on top of it. Giving up leaves its updates unapplied in the
+        log and the database, and a restart replays them.
+        """
+        while True:
+            try:
+                await self._commit(version, parent=parent, tensors=tensors, updates=updates)
+            except Exception:
+                log.exception(
+                    "session %r: committing version %d failed; will retry", self._session, version
+                )
+                if self._stopping:
+                    return False
+                await asyncio.sleep(self._settings.buffer_timeout_s)
+            else:
+                return True
 
     async def _commit(
         self,
@@ -287,7 +354,7 @@ class Aggregator:
         seeded_by: str | None = None,
     ) -> None:
         named = list(zip(self._names, tensors, strict=True))
-        path = await self._in_worker(self._store.write, version, named)
+        path = await self._in_io(self._store.write, version, named)
         lsn = max((u.lsn for u in updates), default=self._log.last_lsn)
         returns = [u.metrics["mean_return"] for u in updates if "mean_return" in u.metrics]
         row = VersionRow(
@@ -309,16 +376,16 @@ class Aggregator:
         except BaseException:
             # Never committed, so never visible; the retry may fold a different
             # buffer into this version number, and checkpoints are immutable.
-            await self._in_worker(functools.partial(path.unlink, missing_ok=True))
+            await self._in_io(functools.partial(path.unlink, missing_ok=True))
             raise
         self._snapshot = Snapshot(version, tuple(tensors))
         if updates:
-            del self._buffer[: len(updates)]
+            self._in_commit = []
             drained, self._drained = self._drained, asyncio.Event()
             drained.set()
         try:
             watermark = await self._discard_watermark()
-            pruned = await self._in_worker(self._after_commit, row, updates, watermark)
+            pruned = await self._in_io(self._after_commit, row, updates, watermark)
             if pruned:
                 # A crash before this leaves a checkpoint name whose file is
                 # gone: Status shows it, PullModel answers NOT_FOUND. Harmless.

@@ -1,5 +1,8 @@
 """Per-participant limits: push rate, concurrent streams, idle half-finished streams.
 
+Also how a refused upload ends: drain() reads the rest of it within bounds,
+so the client gets the refusal instead of a transport error.
+
 Each limit raises its own LimitError subclass whose message names the
 limit and its value, and whose ``code`` is the gRPC status the servicer
 answers with (RESOURCE_EXHAUSTED, or DEADLINE_EXCEEDED for a stalled stream).
@@ -11,11 +14,12 @@ DecodeLimits refuse oversized chunks with a DecodeError naming the bound.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import grpc
 
@@ -171,3 +175,28 @@ async def with_idle_timeout(
                 "the half-finished stream was dropped"
             ) from None
         yield message
+
+
+class _Sized(Protocol):
+    def ByteSize(self) -> int: ...  # noqa: N802 - protobuf's name
+
+
+async def drain(messages: AsyncIterator[_Sized], *, max_bytes: int, timeout_s: float) -> None:
+    """Read and discard what is left of an upload, so that its status reaches the client intact.
+
+    A grpc.aio client whose write fails because the server has already ended
+    the call reports INTERNAL "Internal error from Core" instead of the
+    server's status (grpc/grpc#36066), so answering a client-streaming call
+    while the client is still writing turns a precise refusal (or a stored
+    answer) into a transport error at random. Bounded: at most `timeout_s`
+    in all and `max_bytes` of messages, then the answer goes out anyway; a
+    client sending more or slower than that was not sending what it declared.
+    A stream already ended, or dropped as idle (StreamIdleError), drains at once.
+    """
+    budget = max_bytes
+    with contextlib.suppress(StreamIdleError, TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            async for message in messages:
+                budget -= message.ByteSize()
+                if budget < 0:
+                    return

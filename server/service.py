@@ -34,6 +34,7 @@ from fedrl.server.limits import (
     LimitsConfig,
     RateLimiter,
     StreamCounter,
+    drain,
     with_idle_timeout,
 )
 from fedrl.server.session import (
@@ -54,6 +55,7 @@ from fedrl.server.session import (
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+R = TypeVar("R")
 # grpc ships no type stubs; a servicer context is untyped to mypy either way.
 Context: TypeAlias = Any
 
@@ -190,10 +192,39 @@ class FederationServicer(pb_grpc.FederationServicer):
         except (*REFUSALS, PermissionDeniedError) as exc:
             await _abort(context, exc)
 
-    def _upload(self, context: Context, messages: AsyncIterator[T], what: str) -> AsyncIterator[T]:
-        """An upload's messages, once it passed the push rate; dropped if the sender stalls."""
-        self._pushes.acquire(_limits_key(context))
-        return with_idle_timeout(messages, self._idle_s, what=what)
+    async def _upload(
+        self,
+        context: Context,
+        requests: AsyncIterator[T],
+        what: str,
+        handle: Callable[[AsyncIterator[T]], Awaitable[R]],
+    ) -> R:
+        """Run `handle` on an upload's messages once it passed the stream and rate limits.
+
+        Whatever `handle` answers, the rest of the stream is read first (see
+        limits.drain): a refusal or a stored answer often comes before the
+        client has sent its last chunk.
+        """
+        key = _limits_key(context)
+        # Dropped if the sender stalls, while handled and while drained.
+        messages = with_idle_timeout(requests, self._idle_s, what=what)
+        try:
+            with self._streams.hold(key):
+                self._pushes.acquire(key)
+                result = await handle(messages)
+        except (*REFUSALS, PermissionDeniedError):
+            await self._drain(messages)
+            raise
+        await self._drain(messages)
+        return result
+
+    async def _drain(self, messages: AsyncIterator[Any]) -> None:
+        """limits.drain, up to the largest upload this server accepts and its idle timeout."""
+        await drain(
+            messages,
+            max_bytes=self._limits.max_total_raw_bytes + self._limits.max_chunk_bytes,
+            timeout_s=self._idle_s,
+        )
 
     async def Join(self, request: pb.JoinRequest, context: Context) -> pb.JoinReply:
         async def call() -> pb.JoinReply:
@@ -224,44 +255,43 @@ class FederationServicer(pb_grpc.FederationServicer):
     async def SeedModel(
         self, request_iterator: AsyncIterator[pb.ModelUpload], context: Context
     ) -> pb.SeedReply:
-        async def call() -> pb.SeedReply:
-            with self._streams.hold(_limits_key(context)):
-                messages = self._upload(context, request_iterator, "seed")
-                first = await _first(messages, "ModelUploadHeader")
-                if not first.HasField("header"):
-                    raise InvalidRequestError("a seed stream must start with its ModelUploadHeader")
-                header = first.header
-                pid = acting_as(context, header.participant_id)
-                tensors = await self._assemble(header.tensors, messages, "seed")
-                version = await self._federation.seed(
-                    header.session, pid, header.spec_hash, tensors
-                )
-                return pb.SeedReply(version=version)
+        async def handle(messages: AsyncIterator[pb.ModelUpload]) -> pb.SeedReply:
+            first = await _first(messages, "ModelUploadHeader")
+            if not first.HasField("header"):
+                raise InvalidRequestError("a seed stream must start with its ModelUploadHeader")
+            header = first.header
+            pid = acting_as(context, header.participant_id)
+            tensors = await self._assemble(header.tensors, messages, "seed")
+            version = await self._federation.seed(header.session, pid, header.spec_hash, tensors)
+            return pb.SeedReply(version=version)
 
-        return await self._guard(context, call)
+        return await self._guard(
+            context, lambda: self._upload(context, request_iterator, "seed", handle)
+        )
 
     async def PushUpdate(
         self, request_iterator: AsyncIterator[pb.UpdateChunk], context: Context
     ) -> pb.PushReply:
-        async def call() -> pb.PushReply:
-            with self._streams.hold(_limits_key(context)):
-                messages = self._upload(context, request_iterator, "update")
-                first = await _first(messages, "UpdateHeader")
-                if not first.HasField("header"):
-                    raise InvalidRequestError("an update stream must start with its UpdateHeader")
-                header = first.header
-                request = _push_request(header, acting_as(context, header.participant_id))
-                known = await self._federation.check_push(request)
-                if known is not None:
-                    return _push_reply(known)
-                try:
-                    tensors = await self._assemble(header.tensors, messages, "update")
-                except (DecodeError, InvalidRequestError, LimitExceededError):
-                    await self._federation.count_rejection(request.session, request.participant_id)
-                    raise
-                return _push_reply(await self._federation.push(request, tensors))
+        async def handle(messages: AsyncIterator[pb.UpdateChunk]) -> pb.PushReply:
+            first = await _first(messages, "UpdateHeader")
+            if not first.HasField("header"):
+                raise InvalidRequestError("an update stream must start with its UpdateHeader")
+            header = first.header
+            request = _push_request(header, acting_as(context, header.participant_id))
+            known = await self._federation.check_push(request)
+            if known is not None:
+                # A repeated push is answered from its header; _upload drains the body.
+                return _push_reply(known)
+            try:
+                tensors = await self._assemble(header.tensors, messages, "update")
+            except (DecodeError, InvalidRequestError, LimitExceededError):
+                await self._federation.count_rejection(request.session, request.participant_id)
+                raise
+            return _push_reply(await self._federation.push(request, tensors))
 
-        return await self._guard(context, call)
+        return await self._guard(
+            context, lambda: self._upload(context, request_iterator, "update", handle)
+        )
 
     async def _assemble(
         self,

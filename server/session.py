@@ -13,11 +13,15 @@ the buffer, so the client's retry meets a stored answer.
 
 SQLite is used from one dedicated thread (DbRunner), so calls never
 interleave inside a transaction and the event loop never waits on an fsync.
+Ack rows of concurrent pushes share a transaction (AckBatcher), as their log
+records share an fdatasync (UpdateLog): under load a push waits for one
+disk flush of each kind, not for every other push's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -42,6 +46,7 @@ from fedrl.server.aggregator import (
 from fedrl.server.config import ServerConfig
 from fedrl.server.model_store import ModelStore
 from fedrl.server.state_db import (
+    AckBatcher,
     AckRow,
     DbRunner,
     SessionRow,
@@ -55,6 +60,8 @@ log = logging.getLogger(__name__)
 
 DB_FILE = "state.sqlite3"
 GLOBAL_STATE_FILE = "global_state.json"
+GLOBAL_STATE_MIN_INTERVAL_S = 1.0
+"""Shortest time between two rewrites of global_state.json while changes keep coming."""
 METRICS_FILE = "metrics.jsonl"
 SESSIONS_DIR = "sessions"
 DEFAULT_SESSION = "default"
@@ -185,6 +192,9 @@ class Federation:
     ) -> None:
         self.config = config
         self._db = db
+        self._acks = AckBatcher(db)
+        self._global_state_dirty = False
+        self._global_state_writer: asyncio.Task[None] | None = None
         # Each session's aggregator gets its own strategy object: the injected
         # factory's, or the one the config names for that session.
         self._injected_strategy = strategy
@@ -219,6 +229,11 @@ class Federation:
             await session.aggregator.close()
             session.update_log.close()
             session.notify()
+        if self._global_state_writer is not None:
+            # The final write below covers whatever it would have written.
+            self._global_state_writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._global_state_writer
         await self._write_global_state()
         await asyncio.to_thread(self._db.close)
 
@@ -265,7 +280,7 @@ class Federation:
         session.participants.add(pid)
         session.active.add(pid)
         session.notify()
-        await self._write_global_state()
+        self._global_state_changed()
         return JoinResult(
             session=name,
             current_version=session.aggregator.current_version,
@@ -282,7 +297,7 @@ class Federation:
         await self._db(lambda db: db.touch_participant(session.name, pid, "left", now))
         session.active.discard(pid)
         session.notify()
-        await self._write_global_state()
+        self._global_state_changed()
 
     # Seed.
 
@@ -367,8 +382,10 @@ class Federation:
         self, session: Session, pid: str, request: PushRequest, tensors: NamedTensors
     ) -> PushResult:
         try:
-            checked = check_tensors(session.spec, tensors, what="update")
-            check_norm(checked, max_norm=self.config.max_update_norm)
+            # A pass or two over every value: off the event loop, like the decoding.
+            checked = await asyncio.to_thread(
+                check_update, session.spec, tensors, max_norm=self.config.max_update_norm
+            )
             staleness = self._staleness(session, request.base_version)
         except FederationError:
             await self.count_rejection(session.name, pid)
@@ -439,7 +456,7 @@ class Federation:
             eval_return=update.metrics.get("eval_return"),
             base_eval_return=update.metrics.get("base_eval_return"),
         )
-        stored = await self._db(lambda db: db.record_ack(ack))
+        stored = await self._acks.record(ack)
         if stored is None:
             return None
         # Completions may arrive out of order; the database's totals only grow.
@@ -569,7 +586,7 @@ class Federation:
             await self._db(lambda db: db.set_goal(session.name, total_episodes))
             session.goal_total = total_episodes
             session.notify()
-            await self._write_global_state()
+            self._global_state_changed()
         return session.goal
 
     def session(self, session_name: str) -> Session:
@@ -695,14 +712,41 @@ class Federation:
 
     async def _on_version(self, session_name: str) -> None:
         self._sessions[session_name].notify()
-        await self._write_global_state()
+        self._global_state_changed()
+
+    def _global_state_changed(self) -> None:
+        """Have global_state.json rewritten soon, without waiting for it.
+
+        It is a copy for people who `cat` it (the database is the record), so
+        a new version or a join need not wait for its JSON and fsync; changes
+        made while a rewrite runs are folded into one more rewrite after it.
+        """
+        self._global_state_dirty = True
+        if self._global_state_writer is None or self._global_state_writer.done():
+            self._global_state_writer = asyncio.create_task(
+                self._rewrite_global_state(), name="fedrl-global-state"
+            )
+
+    async def _rewrite_global_state(self) -> None:
+        while self._global_state_dirty:
+            self._global_state_dirty = False
+            try:
+                await self._write_global_state()
+            except Exception:
+                log.exception("writing %s failed; retried at the next change", GLOBAL_STATE_FILE)
+            # A busy server makes several versions a second; its readers need
+            # no more than a fresh copy a second, and the CPU goes to pushes.
+            await asyncio.sleep(GLOBAL_STATE_MIN_INTERVAL_S)
 
     async def _write_global_state(self) -> None:
         now = now_ms()
-        path = self.config.data_dir / GLOBAL_STATE_FILE
         limit = self.config.status_versions
         status = self._with_strategies
-        await self._db(lambda db: write_json_atomically(path, status(db.status(None, limit, now))))
+        reply = await self._db(lambda db: status(db.status(None, limit, now)))
+        # Formatting and fsync off the database thread, where acks wait their turn.
+        await asyncio.to_thread(
+            write_json_atomically, self.config.data_dir / GLOBAL_STATE_FILE, reply
+        )
 
 
 def check_spec(spec: tpb.ModelSpec, *, max_model_bytes: int) -> None:
@@ -755,6 +799,13 @@ def check_tensors(spec: tpb.ModelSpec, tensors: NamedTensors, *, what: str) -> N
         if not np.isfinite(values).all():
             raise InvalidRequestError(f"{what} tensor {name!r} contains NaN or infinite values")
         checked.append((name, values))
+    return checked
+
+
+def check_update(spec: tpb.ModelSpec, tensors: NamedTensors, *, max_norm: float) -> NamedTensors:
+    """check_tensors, then check_norm: an update the session can take, as float32."""
+    checked = check_tensors(spec, tensors, what="update")
+    check_norm(checked, max_norm=max_norm)
     return checked
 
 

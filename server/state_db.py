@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import os
 import sqlite3
@@ -344,66 +345,12 @@ class StateDB:
         concurrent pushes cannot know each other's episodes.
         """
         with self._transaction() as db:
-            inserted = db.execute(
-                "INSERT OR IGNORE INTO acks (session, participant_id, sequence, lsn, base_version, "
-                "current_version, staleness, weight, episodes, env_steps, goal_total, goal_done, "
-                "received_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    ack.session,
-                    ack.participant_id,
-                    ack.sequence,
-                    ack.lsn,
-                    ack.base_version,
-                    ack.current_version,
-                    ack.staleness,
-                    ack.weight,
-                    ack.episodes,
-                    ack.env_steps,
-                    ack.goal_total,
-                    ack.goal_done,
-                    ack.received_ms,
-                ),
-            ).rowcount
-            if not inserted:
-                return None
-            db.execute(
-                "UPDATE participants SET episodes=episodes+?, env_steps=env_steps+?, "
-                "updates_accepted=updates_accepted+1, last_seen_ms=MAX(last_seen_ms, ?), "
-                "best_eval_return=CASE WHEN ? IS NULL THEN best_eval_return "
-                "WHEN best_eval_return IS NULL OR ? > best_eval_return THEN ? "
-                "ELSE best_eval_return END "
-                "WHERE session=? AND participant_id=?",
-                (
-                    ack.episodes,
-                    ack.env_steps,
-                    ack.received_ms,
-                    ack.eval_return,
-                    ack.eval_return,
-                    ack.eval_return,
-                    ack.session,
-                    ack.participant_id,
-                ),
-            )
-            db.execute(
-                "UPDATE sessions SET episodes_done=episodes_done+?, env_steps=env_steps+? "
-                "WHERE name=?",
-                (ack.episodes, ack.env_steps, ack.session),
-            )
-            if ack.base_eval_return is not None:
-                db.execute(
-                    "UPDATE versions SET eval_sum=eval_sum+?, eval_count=eval_count+1 "
-                    "WHERE session=? AND version=?",
-                    (ack.base_eval_return, ack.session, ack.base_version),
-                )
-            total, done = db.execute(
-                "SELECT goal_total, episodes_done FROM sessions WHERE name=?", (ack.session,)
-            ).fetchone()
-            db.execute(
-                "UPDATE acks SET goal_total=?, goal_done=? "
-                "WHERE session=? AND participant_id=? AND sequence=?",
-                (total, done, ack.session, ack.participant_id, ack.sequence),
-            )
-            return dataclasses.replace(ack, goal_total=total, goal_done=done)
+            return _insert_ack(db, ack)
+
+    def record_acks(self, acks: Sequence[AckRow]) -> list[AckRow | None]:
+        """record_ack for several acks in one transaction: one fsync for all (group commit)."""
+        with self._transaction() as db:
+            return [_insert_ack(db, ack) for ack in acks]
 
     # Versions.
 
@@ -555,6 +502,69 @@ def goal_state(total: int, done: int) -> pb.GoalState:
     return pb.GoalState(total_episodes=total, episodes_done=done, reached=done >= total)
 
 
+def _insert_ack(db: sqlite3.Connection, ack: AckRow) -> AckRow | None:
+    """Insert one ack and move the counters with it, inside the caller's transaction."""
+    inserted = db.execute(
+        "INSERT OR IGNORE INTO acks (session, participant_id, sequence, lsn, base_version, "
+        "current_version, staleness, weight, episodes, env_steps, goal_total, goal_done, "
+        "received_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            ack.session,
+            ack.participant_id,
+            ack.sequence,
+            ack.lsn,
+            ack.base_version,
+            ack.current_version,
+            ack.staleness,
+            ack.weight,
+            ack.episodes,
+            ack.env_steps,
+            ack.goal_total,
+            ack.goal_done,
+            ack.received_ms,
+        ),
+    ).rowcount
+    if not inserted:
+        return None
+    db.execute(
+        "UPDATE participants SET episodes=episodes+?, env_steps=env_steps+?, "
+        "updates_accepted=updates_accepted+1, last_seen_ms=MAX(last_seen_ms, ?), "
+        "best_eval_return=CASE WHEN ? IS NULL THEN best_eval_return "
+        "WHEN best_eval_return IS NULL OR ? > best_eval_return THEN ? "
+        "ELSE best_eval_return END "
+        "WHERE session=? AND participant_id=?",
+        (
+            ack.episodes,
+            ack.env_steps,
+            ack.received_ms,
+            ack.eval_return,
+            ack.eval_return,
+            ack.eval_return,
+            ack.session,
+            ack.participant_id,
+        ),
+    )
+    db.execute(
+        "UPDATE sessions SET episodes_done=episodes_done+?, env_steps=env_steps+? WHERE name=?",
+        (ack.episodes, ack.env_steps, ack.session),
+    )
+    if ack.base_eval_return is not None:
+        db.execute(
+            "UPDATE versions SET eval_sum=eval_sum+?, eval_count=eval_count+1 "
+            "WHERE session=? AND version=?",
+            (ack.base_eval_return, ack.session, ack.base_version),
+        )
+    total, done = db.execute(
+        "SELECT goal_total, episodes_done FROM sessions WHERE name=?", (ack.session,)
+    ).fetchone()
+    db.execute(
+        "UPDATE acks SET goal_total=?, goal_done=? "
+        "WHERE session=? AND participant_id=? AND sequence=?",
+        (total, done, ack.session, ack.participant_id, ack.sequence),
+    )
+    return dataclasses.replace(ack, goal_total=total, goal_done=done)
+
+
 def write_json_atomically(path: Path, reply: pb.StatusReply) -> None:
     """Replace `path` with the status as JSON; readers see the old or the new file, never half."""
     # Field names as in the .proto and zeros spelled out: people read this file.
@@ -591,3 +601,45 @@ class DbRunner:
     def close(self) -> None:
         self._executor.shutdown(wait=True)
         self.db.close()
+
+
+class AckBatcher:
+    """Group commit of ack rows: acks that arrive while a transaction runs share the next one.
+
+    Each ack row is committed with synchronous=FULL before its push is
+    answered; one transaction per push made concurrent pushes queue for
+    one fsync each on the database thread. Here a caller waits only for
+    the transaction that holds its row, and rows queued meanwhile go into
+    the next transaction together.
+    """
+
+    def __init__(self, runner: DbRunner) -> None:
+        self._runner = runner
+        self._queued: list[tuple[AckRow, asyncio.Future[AckRow | None]]] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def record(self, ack: AckRow) -> AckRow | None:
+        """StateDB.record_ack, committed together with the acks queued beside it."""
+        done: asyncio.Future[AckRow | None] = asyncio.get_running_loop().create_future()
+        self._queued.append((ack, done))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_queued(), name="fedrl-ack-writer")
+        return await done
+
+    async def _write_queued(self) -> None:
+        while self._queued:
+            group, self._queued = self._queued, []
+            record = functools.partial(StateDB.record_acks, acks=[ack for ack, _ in group])
+            try:
+                stored = await self._runner(record)
+            except Exception as exc:
+                # Every push in the group fails and is retried by its client,
+                # as a lone push whose transaction failed always was.
+                for _, done in group:
+                    if not done.done():
+                        done.set_exception(exc)
+                continue
+            for (_, done), row in zip(group, stored, strict=True):
+                # A caller cancelled meanwhile (server shutdown) no longer waits.
+                if not done.done():
+                    done.set_result(row)

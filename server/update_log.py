@@ -2,7 +2,10 @@
 
 An update is appended (written and fdatasync'ed) before the server answers
 the push, and stays in the log until a committed global version has folded
-it in; after ``kill -9`` the server replays what the last committed version
+it in. Appends that arrive while another is being written share the next
+fdatasync (group commit): each caller returns once the sync covering its own
+record is done, so N concurrent pushes cost one disk flush instead of N in a
+row; after ``kill -9`` the server replays what the last committed version
 did not include. Records carry everything needed to answer a repeated push
 with its first answer (participant, sequence, base version, staleness, weight).
 
@@ -141,8 +144,26 @@ class _Segment:
     path: Path
 
 
+@dataclass(eq=False)
+class _Queued:
+    """One encoded record waiting for the group write that makes it durable."""
+
+    payload: bytes
+    payload_crc: int
+    lsn: int = 0
+    """Set once the record is durable."""
+    error: BaseException | None = None
+    """Set when the write or sync meant to cover the record failed."""
+
+
 class UpdateLog:
-    """Append-only, fsync'ed, segmented log of updates; one writer, thread-safe."""
+    """Append-only, fsync'ed, segmented log of updates; one writer, thread-safe.
+
+    Two locks: `_lock` guards the state readers see (last LSN, segment list,
+    the queue of records to write); `_write_lock` is held by the one thread
+    writing a group of records, so file I/O never blocks readers or callers
+    queueing the next group.
+    """
 
     def __init__(self, directory: Path, *, segment_bytes: int = 64 << 20) -> None:
         """Open the log in `directory` (created if missing), repairing a torn tail."""
@@ -151,6 +172,8 @@ class UpdateLog:
         self._directory = Path(directory)
         self._segment_bytes = segment_bytes
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._queue: list[_Queued] = []
         self._failure: str | None = None
         self._directory.mkdir(parents=True, exist_ok=True)
         self._lock_fd = _lock_directory(self._directory)
@@ -193,10 +216,11 @@ class UpdateLog:
     ) -> LoggedUpdate:
         """Write one update durably; returns it with its LSN once it survives a power loss.
 
-        Encoding runs outside the lock, so concurrent callers overlap their
-        CPU work with another's fsync. received_unix_ms defaults to now. The
-        returned record shares the given float32 arrays (no 4 MB copy per
-        push), so they must not be changed afterwards.
+        Encoding runs before any lock, so concurrent callers overlap their CPU
+        work with another's fsync; the write itself is grouped with every
+        other record queued meanwhile (see _write_queued). received_unix_ms
+        defaults to now. The returned record shares the given float32 arrays
+        (no 4 MB copy per push), so they must not be changed afterwards.
         """
         received = time.time_ns() // 1_000_000 if received_unix_ms is None else received_unix_ms
         clean_metrics = _checked_metrics(metrics)
@@ -222,19 +246,21 @@ class UpdateLog:
                 f"an update of {len(payload)} bytes does not fit one log record "
                 f"(at most {_MAX_PAYLOAD})"
             )
-        payload_crc = zlib.crc32(payload)
+        record = _Queued(payload, zlib.crc32(payload))
         with self._lock:
             self._check_usable()
-            lsn = self._last_lsn + 1
-            frame_size = _FRAME.size + len(payload)
-            if self._records_in_active and self._size + frame_size > self._segment_bytes:
-                self._roll(lsn)
-            length_lsn = _LENGTH_LSN.pack(len(payload), lsn)
-            crc = zlib.crc32(length_lsn, payload_crc)
-            header = _FRAME.pack(_RECORD_MAGIC, len(payload), lsn, crc)
-            self._write_durably(header, payload)
-            self._last_lsn = lsn
-            self._records_in_active = True
+            self._queue.append(record)
+        # Whoever holds the write lock writes everything queued by then; a
+        # caller whose record went out in another's group finds it done here.
+        with self._write_lock:
+            if not record.lsn and record.error is None:
+                self._write_queued(record)
+        if record.error is not None:
+            raise UpdateLogError(
+                f"update log {self._directory}: the write meant to make this update "
+                f"durable failed: {record.error}"
+            ) from record.error
+        lsn = record.lsn
         return LoggedUpdate(
             lsn=lsn,
             session=session,
@@ -283,7 +309,7 @@ class UpdateLog:
 
     def close(self) -> None:
         """Release the files and the directory lock; appends after this raise UpdateLogError."""
-        with self._lock:
+        with self._write_lock, self._lock:
             if self._fd >= 0:
                 os.close(self._fd)
                 os.close(self._lock_fd)
@@ -297,14 +323,65 @@ class UpdateLog:
 
     # Writing ---------------------------------------------------------------
 
-    def _write_durably(self, header: bytes, payload: bytes) -> None:
-        """Write one frame at the end of the active segment and fdatasync it."""
-        start = self._size
+    def _write_queued(self, own: _Queued) -> None:
+        """Write and sync every queued record; the caller holds the write lock.
+
+        LSNs are given here, in queue order, so a failed write consumes none:
+        the records of a failed group get an error and later appends carry on
+        from the last durable LSN, as they would after a single failed append.
+        The caller's own failure is raised as is; the others see it through
+        their record's error.
+        """
+        with self._lock:
+            group, self._queue = self._queue, []
+            try:
+                self._check_usable()
+            except UpdateLogError as error:
+                _fail(group, error, own)
+                return
+        lsn = self._last_lsn
+        index = 0
+        while index < len(group):
+            # One run per segment: records up to the segment's size, at least one.
+            frames: list[bytes] = []
+            run_start = index
+            start, had_records = self._size, self._records_in_active
+            try:
+                while index < len(group):
+                    payload = group[index].payload
+                    frame_size = _FRAME.size + len(payload)
+                    if self._records_in_active and self._size + frame_size > self._segment_bytes:
+                        if frames:
+                            break
+                        self._roll(lsn + 1)
+                        start, had_records = self._size, False
+                    lsn += 1
+                    length_lsn = _LENGTH_LSN.pack(len(payload), lsn)
+                    crc = zlib.crc32(length_lsn, group[index].payload_crc)
+                    frames += [_FRAME.pack(_RECORD_MAGIC, len(payload), lsn, crc), payload]
+                    self._size += frame_size
+                    self._records_in_active = True
+                    index += 1
+                self._write_durably(frames, start)
+            except BaseException as error:
+                # As if the run had never been written (its bytes were cut off).
+                self._size, self._records_in_active = start, had_records
+                _fail(group[run_start:], error, own)
+                return
+            with self._lock:
+                self._last_lsn = lsn
+            for offset, record in enumerate(group[run_start:index]):
+                record.lsn = lsn - (index - run_start) + 1 + offset
+
+    def _write_durably(self, frames: list[bytes], start: int) -> None:
+        """Write frames at `start` in the active segment and fdatasync them."""
+        position = start
         try:
-            _write_all(self._fd, header, start)
-            _write_all(self._fd, payload, start + len(header))
+            for frame in frames:
+                _write_all(self._fd, frame, position)
+                position += len(frame)
         except OSError:
-            # Cut the partial frame off, or the next record would follow garbage.
+            # Cut the partial frames off, or the next record would follow garbage.
             try:
                 os.ftruncate(self._fd, start)
             except OSError as error:
@@ -317,7 +394,6 @@ class UpdateLog:
             # nothing written since can be trusted until a reopen rescans.
             self._failure = f"fdatasync failed: {error}"
             raise
-        self._size = start + len(header) + len(payload)
 
     def _roll(self, first_lsn: int) -> None:
         """Start a new segment whose first record will have `first_lsn`."""
@@ -335,7 +411,8 @@ class UpdateLog:
         self._fd = fd
         self._size = _SEGMENT_HEADER_SIZE
         self._records_in_active = False
-        self._segments.append(_Segment(first_lsn, path))
+        with self._lock:
+            self._segments.append(_Segment(first_lsn, path))
 
     def _check_open(self) -> None:
         if self._fd < 0:
@@ -752,6 +829,15 @@ def _checked_tensors(tensors: Sequence[tuple[str, np.ndarray]]) -> list[tuple[st
         if array.ndim > _MAX_NDIM:
             raise ValueError(f"tensor {name!r}: {array.ndim} dimensions, at most {_MAX_NDIM}")
     return result
+
+
+def _fail(records: Sequence[_Queued], error: BaseException, own: _Queued) -> None:
+    """Give each record the error; re-raise it for the caller whose record is among them."""
+    for record in records:
+        record.error = error
+    if own in records:
+        own.error = None
+        raise error
 
 
 def _segment_name(first_lsn: int) -> str:
