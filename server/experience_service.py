@@ -52,7 +52,7 @@ from fedrl.server.experience_store import (
     StoredBatch,
 )
 from fedrl.server.experience_validation import InvalidBatchError, ValidationLimits, validate_batch
-from fedrl.server.limits import LimitError, with_idle_timeout
+from fedrl.server.limits import LimitError, drain, with_idle_timeout
 from fedrl.server.service import PermissionDeniedError, acting_as, status_code
 from fedrl.server.session import (
     DB_FILE,
@@ -349,12 +349,25 @@ class ExperienceServicer(pb_grpc.ExperienceExchangeServicer):
         except DecodeError as exc:
             if header is not None:
                 await self._exchange.count_rejection(header.session, participant)
+            await self._drain(messages)
             await _abort(context, exc)
         except (FederationError, PermissionDeniedError) as exc:
+            await self._drain(messages)
             await _abort(context, exc)
         except LimitError as exc:
+            await self._drain(messages)
             await context.abort(exc.code, str(exc))
         return reply
+
+    async def _drain(self, messages: AsyncIterator[pb.ExperienceChunk]) -> None:
+        """Read the rest of a refused push before answering (see limits.drain): a refusal
+        while the client still writes reaches it as INTERNAL now and then."""
+        limits = self._exchange.decode_limits
+        await drain(
+            messages,
+            max_bytes=limits.max_total_raw_bytes + limits.max_chunk_bytes,
+            timeout_s=self._exchange.config.stream_idle_timeout_s,
+        )
 
     async def PullExperience(
         self, request: pb.PullExperienceRequest, context: Context

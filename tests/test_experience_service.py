@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import sqlite3
 import time
@@ -187,6 +188,35 @@ def test_pushing_as_someone_else_is_permission_denied(
         exchange.PushExperience(iter(messages), metadata=metadata("alice"), timeout=60)
 
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_refused_push_reaches_an_asyncio_client_as_its_status_not_internal(
+    server: Server, exchange: pb_grpc.ExperienceExchangeStub
+) -> None:
+    # Many small chunks keep the client writing after the header was refused:
+    # without the server reading the rest first, grpc.aio reported some of
+    # these as INTERNAL (grpc/grpc#36066).
+    messages = batch_messages(
+        make_batch(2_000), session="default", participant_id="bob", sequence=1, chunk_bytes=256
+    )
+    assert len(messages) > 20
+
+    async def refusals() -> list[grpc.StatusCode]:
+        codes = []
+        async with grpc.aio.insecure_channel(server.address) as opened:
+            stub = pb_grpc.ExperienceExchangeStub(opened)  # type: ignore[no-untyped-call]
+            for _ in range(30):
+                try:
+                    await stub.PushExperience(
+                        iter(messages), metadata=metadata("alice"), timeout=60
+                    )
+                except grpc.aio.AioRpcError as exc:
+                    codes.append(exc.code())
+        return codes
+
+    codes = asyncio.run(refusals())
+
+    assert codes == [grpc.StatusCode.PERMISSION_DENIED] * 30
 
 
 def test_a_participant_who_never_joined_may_not_push(
