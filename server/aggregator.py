@@ -67,7 +67,9 @@ class AggregatorSettings:
     """The aggregation knobs of ServerConfig that this task needs."""
 
     buffer_size: int
-    """Updates (K) that trigger a new version."""
+    """Updates (K) that trigger a new version; 0: one per recently pushing participant."""
+    active_window_s: float
+    """With buffer_size 0: how recent a participant's last push must be for it to count."""
     buffer_timeout_s: float
     """Longest wait of a buffered update before a version is made anyway."""
     server_lr: float
@@ -124,6 +126,8 @@ class Aggregator:
         self._best_version = best_version
         self._queue: asyncio.Queue[LoggedUpdate | _Seed | _Stop] = asyncio.Queue()
         self._buffer: list[LoggedUpdate] = []
+        self._last_push: dict[str, float] = {}
+        """When each participant's newest update reached the buffer (for an automatic K)."""
         self._accumulation: ParticipantSums | None = None
         """The buffer's updates accumulated; None when it must be rebuilt from the buffer."""
         self._buffer_since = 0.0
@@ -217,11 +221,28 @@ class Aggregator:
                 await self._seed(item)
             else:
                 await self._add(item)
-                if len(self._buffer) >= self._settings.buffer_size:
+                if len(self._buffer) >= self._buffer_target():
                     await self._flush_guarded()
+
+    def _buffer_target(self) -> int:
+        """K: the configured one, or the number of participants who pushed lately (at least 1).
+
+        An automatic K follows the group: alone, every update is a version at
+        once, so the global model trails the participant by one update rather
+        than by K of them; in a group of N, a version waits for about one
+        update from each member, so it averages everyone's progress instead of
+        adding up N learners' steps, which made the global Q-network diverge
+        (bench/federation.py). The buffer timeout still bounds the wait.
+        """
+        if self._settings.buffer_size:
+            return self._settings.buffer_size
+        horizon = time.monotonic() - self._settings.active_window_s
+        self._last_push = {p: t for p, t in self._last_push.items() if t >= horizon}
+        return max(1, len(self._last_push))
 
     async def _add(self, update: LoggedUpdate) -> None:
         """Buffer an update and accumulate it now, while the previous version commits."""
+        self._last_push[update.participant_id] = time.monotonic()
         if not self._buffer:
             self._buffer_since = time.monotonic()
             self._accumulation = ParticipantSums(self._strategy)

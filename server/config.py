@@ -45,7 +45,19 @@ class ServerConfig:
         ),
     )
     buffer_size: int = field(
-        default=4, metadata=doc("Buffered updates (K) that trigger a new global version.")
+        default=0,
+        metadata=doc(
+            "Buffered updates (K) that trigger a new global version; 0: one per participant "
+            "who pushed within --active-window-s (K = N, so a lone participant's every update "
+            "is a version and a group's versions average everyone's progress)."
+        ),
+    )
+    active_window_s: float = field(
+        default=60.0,
+        metadata=doc(
+            "With --buffer-size 0, a participant counts toward K while its last push is this "
+            "recent (one that left or crashed stops holding versions back)."
+        ),
     )
     buffer_timeout_s: float = field(
         default=5.0,
@@ -94,7 +106,7 @@ class ServerConfig:
         default=1 << 30, metadata=doc("Largest decoded model or update a client may send (bytes).")
     )
     sync_interval: int = field(
-        default=10, metadata=doc("Suggested sync interval for clients, in episodes.")
+        default=2, metadata=doc("Suggested sync interval for clients, in episodes.")
     )
     status_versions: int = field(
         default=20, metadata=doc("Versions listed by Status when the caller names no number.")
@@ -152,7 +164,6 @@ class ServerConfig:
     def __post_init__(self) -> None:
         """Refuse bad settings at start, with what to change, not at the first push."""
         positive = {
-            "buffer_size": self.buffer_size,
             "max_pending": self.max_pending,
             "chunk_bytes": self.chunk_bytes,
             "max_message_bytes": self.max_message_bytes,
@@ -174,6 +185,10 @@ class ServerConfig:
                 f"max_pending ({self.max_pending}) must be at least buffer_size "
                 f"({self.buffer_size}), or a full buffer could never form"
             )
+        if self.buffer_size < 0:
+            raise ValueError(f"buffer_size must be >= 0 (0: automatic), got {self.buffer_size}")
+        if not self.active_window_s > 0:
+            raise ValueError(f"active_window_s must be positive, got {self.active_window_s}")
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
         if self.buffer_timeout_s <= 0 or self.grace_s < 0:

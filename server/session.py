@@ -647,6 +647,7 @@ class Federation:
             strategy=self._strategy(row.name),
             settings=AggregatorSettings(
                 buffer_size=self.config.buffer_size,
+                active_window_s=self.config.active_window_s,
                 buffer_timeout_s=self.config.buffer_timeout_s,
                 server_lr=self.config.server_lr,
                 clip_norm=self.config.clip_norm,

@@ -75,7 +75,11 @@ async def run_session(tmp_path: Path, store: ModelStore, values: list[float]) ->
         db=runner,
         strategy=WeightedMean(),
         settings=AggregatorSettings(
-            buffer_size=2, buffer_timeout_s=0.05, server_lr=1.0, clip_norm=0.0
+            buffer_size=2,
+            active_window_s=60.0,
+            buffer_timeout_s=0.05,
+            server_lr=1.0,
+            clip_norm=0.0,
         ),
         data_dir=tmp_path,
         metrics_path=tmp_path / "metrics.jsonl",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,6 +103,70 @@ def test_participants_are_averaged_after_their_increments_are_summed(tmp_path: P
     # alice: a1 + a2 with weight 100 + 100; bob: b1 with weight 200.
     for got, g, x, y, b in zip(tensors, INITIAL, a1, a2, b1, strict=True):
         np.testing.assert_allclose(got, g + (200 * (x + y) + 200 * b) / 400, rtol=1e-6)
+
+
+def test_automatic_k_makes_every_update_of_a_lone_participant_a_version(tmp_path: Path) -> None:
+    config = server_config(tmp_path / "data", buffer_size=0, buffer_timeout_s=600.0)
+    with InProcessServer(config) as server:
+        stub = seeded(server, "alice")
+        one = [np.ones((3, 2), np.float32), np.ones(2, np.float32)]
+
+        push(stub, "alice", SPEC, one, sequence=1, base_version=0, samples=10)
+        server.call(_until_version(server, 1))
+        push(stub, "alice", SPEC, one, sequence=2, base_version=1, samples=10)
+        server.call(_until_version(server, 2))
+        header, tensors, _ = pull(stub)
+
+    assert header.version == 2
+    for got, g in zip(tensors, INITIAL, strict=True):
+        np.testing.assert_allclose(got, g + 2.0, rtol=1e-6)
+
+
+def test_automatic_k_waits_for_one_update_per_recently_pushing_participant(
+    tmp_path: Path,
+) -> None:
+    config = server_config(tmp_path / "data", buffer_size=0, buffer_timeout_s=600.0)
+    with InProcessServer(config) as server:
+        stub = seeded(server, "alice", "bob")
+        a1 = [np.full((3, 2), 1.0, np.float32), np.array([1.0, 1.0], np.float32)]
+        b1 = [np.full((3, 2), -4.0, np.float32), np.array([4.0, 0.0], np.float32)]
+        a2 = [np.full((3, 2), 2.0, np.float32), np.array([0.0, 2.0], np.float32)]
+
+        # Only alice has pushed so far: K = 1.
+        push(stub, "alice", SPEC, a1, sequence=1, base_version=0, samples=100)
+        server.call(_until_version(server, 1))
+        # Now both have: K = 2, so bob's update waits for alice's next one.
+        push(stub, "bob", SPEC, b1, sequence=1, base_version=1, samples=100)
+        push(stub, "alice", SPEC, a2, sequence=2, base_version=1, samples=100)
+        server.call(_until_version(server, 2))
+        header, tensors, _ = pull(stub)
+
+    assert header.version == 2
+    for got, g, x, b, y in zip(tensors, INITIAL, a1, b1, a2, strict=True):
+        np.testing.assert_allclose(got, g + x + (b + y) / 2, rtol=1e-6)
+
+
+def test_automatic_k_stops_counting_a_participant_silent_past_the_window(
+    tmp_path: Path,
+) -> None:
+    config = server_config(
+        tmp_path / "data", buffer_size=0, buffer_timeout_s=600.0, active_window_s=0.2
+    )
+    with InProcessServer(config) as server:
+        stub = seeded(server, "alice", "bob")
+        one = [np.ones((3, 2), np.float32), np.ones(2, np.float32)]
+        push(stub, "alice", SPEC, one, sequence=1, base_version=0, samples=10)
+        server.call(_until_version(server, 1))
+        time.sleep(0.5)
+
+        push(stub, "bob", SPEC, one, sequence=1, base_version=1, samples=10)
+        server.call(_until_version(server, 2))
+        header, tensors, _ = pull(stub)
+
+    # alice's push is older than the window: bob's alone made version 2.
+    assert header.version == 2
+    for got, g in zip(tensors, INITIAL, strict=True):
+        np.testing.assert_allclose(got, g + 2.0, rtol=1e-6)
 
 
 def test_stale_update_is_discounted_and_sample_claims_are_capped(tmp_path: Path) -> None:

@@ -97,7 +97,9 @@ def test_every_config_field_has_exactly_one_serve_option_with_its_default() -> N
 
 def test_config_refuses_a_bad_setting_with_the_field_name() -> None:
     with pytest.raises(ValueError, match="buffer_size"):
-        ServerConfig(buffer_size=0)
+        ServerConfig(buffer_size=-1)
+    with pytest.raises(ValueError, match="active_window_s"):
+        ServerConfig(active_window_s=0.0)
     with pytest.raises(ValueError, match="strategy"):
         ServerConfig(strategy="mode")
 
