@@ -43,8 +43,9 @@ class TrainConfig:
     """Episodes to train in this run; 0 prints the session's status and exits."""
     total_episodes: int = 0
     """Raise the session's total-episodes goal to this before training (0: leave it)."""
-    sync_interval: int = 10
-    """Episodes between pushes of this participant's progress to the server."""
+    sync_interval: int = 2
+    """Episodes between pushes of this participant's progress to the server (at most one
+    update is in flight, so a short interval cannot flood the server)."""
     delta_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     """Wire type of pushed weight deltas (zstd-compressed in any case)."""
     target_at_adoption: TargetAtAdoption = "keep"
