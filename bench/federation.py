@@ -5,7 +5,8 @@ together. Each participant is this script re-run with `--participant TASK`:
 a TrainingEngine in serial mode (`workers=0`: on a small machine every
 participant gets the same share of cores, 1 actor = the learner's process)
 with a SyncLoop for weight averaging and, for experience exchange, an
-ExperienceSync driven from here (the sync loop does not run it yet).
+ExperienceSync driven from here on the same cadence as the sync loop's own
+(so that "exchange only" runs need no weight averaging).
 
 What is measured is the GLOBAL model. Every participant notes the wall time
 at which it crosses each `--eval-every` step mark; after the run the bench
@@ -28,17 +29,27 @@ it as infinity, so a configuration that mostly fails shows no figure rather
 than a flattering one. Wall-clock speed-up is reported only where every
 participant had at least one core of its own.
 
-Findings on 2 shared cores (CartPole-v1, 12k steps per participant, 2-3 seeds;
-the figures are in the issue note): no setting reached the 0.8·N steps
-speed-up. Two mechanisms cap it. With K > 1 the server averages buffered
-updates even when they come from one participant, whose deltas are
-successive increments, so a lone participant's progress is divided by K
-(N = 1 at K = 4 learns far slower than training alone). With K = 1 every
-delta is applied in full, so N learners' steps add up like an N-times
-learning rate, and the global Q-network collapses for N >= 2 (keeping the
-target network at adoption did not change that). Experience exchange helps
-the local models little at this budget, and with averaging on top the
-adopted global model overrides what they gained.
+Findings on 2 shared cores (CartPole-v1, 10-12k steps per participant, 2-3
+seeds per cell; the tables are in the issue notes): no setting reached the
+0.8·N steps speed-up, and groups did not beat one participant in steps per
+participant. What was measured and what it taught:
+- K: with K > 1 a lone participant's global model trails it by K updates;
+  K = 1 in a group applies every member's delta in full, N learners' steps
+  add up like an N-times learning rate and the global Q-network diverges at
+  N = 4; so the server's default K follows the group (K = N). Server lr 2-4
+  with K = N diverged as well.
+- The target network: resetting it at every adoption (an extra hard target
+  update per sync) cost N = 1 its solves (0 of 4 against 2 of 2 kept).
+- Sync interval: 2 episodes beat 10 (late in a run 10 episodes of 16 envs are
+  ~3,000 env steps between versions); one update in flight keeps it cheap.
+- Experience: pushing only new transitions removed the duplicates; counting
+  foreign transitions toward the replay ratio (at once or paced with local
+  steps), and drawing batches in proportion to the foreign data, made
+  participants worse (returns stuck at 100-200), which fits the "tandem"
+  result (Ostrovski et al. 2021): a DQN learns poorly from data its own
+  policy did not choose. A modest fixed share (0.25) is kept.
+Averaging N learners is one learner with an N-times batch, not N times the
+steps; and more of others' data helps little. Both cap the speed-up.
 
 Usage:
   .venv/bin/python bench/federation.py --quick
