@@ -38,8 +38,11 @@ participant. What was measured and what it taught:
   add up like an N-times learning rate and the global Q-network diverges at
   N = 4; so the server's default K follows the group (K = N). Server lr 2-4
   with K = N diverged as well.
-- The target network: resetting it at every adoption (an extra hard target
-  update per sync) cost N = 1 its solves (0 of 4 against 2 of 2 kept).
+- The target network at adoption: keeping it instead of resetting it helped a
+  lone participant (2 of 2 solved against 0 of 4, sync 10) but slowed a
+  pair's early learning threefold (the demo's 400 episodes took 5.7-10.6k env
+  steps against 21.6-24.0k: its agents barely learned); reset stays the
+  default, keep and shift are options.
 - Sync interval: 2 episodes beat 10 (late in a run 10 episodes of 16 envs are
   ~3,000 env steps between versions); one update in flight keeps it cheap.
 - Experience: pushing only new transitions removed the duplicates; counting
@@ -171,9 +174,9 @@ class Settings:
     """Wire dtype of weight deltas (SyncLoop.delta_dtype)."""
     poll_interval_s: float = 0.5
     """How often a participant's network thread asks for a newer global version."""
-    target_at_adoption: TargetAtAdoption = "keep"
-    """Target network when a global model is adopted: "keep" as it was (the client's
-    default), "reset" to it, or "shift" by the same change as the online net."""
+    target_at_adoption: TargetAtAdoption = "reset"
+    """Target network when a global model is adopted: "reset" to it (the client's
+    default), "keep" as it was, or "shift" by the same change as the online net."""
 
 
 @dataclass(frozen=True)

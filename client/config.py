@@ -48,9 +48,9 @@ class TrainConfig:
     update is in flight, so a short interval cannot flood the server)."""
     delta_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     """Wire type of pushed weight deltas (zstd-compressed in any case)."""
-    target_at_adoption: TargetAtAdoption = "keep"
-    """Target network when a global model is adopted: keep it, reset it to the new model, or
-    shift it by the same change (bench/federation.py measured keep best)."""
+    target_at_adoption: TargetAtAdoption = "reset"
+    """Target network when a global model is adopted: reset it to the new model, keep it, or
+    shift it by the same change as the online net (see Learner.set_weights for the figures)."""
     ca_cert: str = ""
     """CA certificate (PEM file) that verifies a TLS server; empty for none."""
     bundle: str = ""

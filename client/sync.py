@@ -23,12 +23,11 @@ limit makes updates larger, not late), the main thread:
 2. adopts a newer global version g if the network thread pulled one:
    local := g + (local − reference), the reference := g. The term in brackets
    is what was learned since the last push and not yet sent, so adoption
-   loses no local work. The learner's target network is left as it was by
-   default (`target_at_adoption`: a reset at every adoption is an extra hard
-   target update per sync, which measured worse). The optimizer state (Adam's
-   moments) is kept: it describes the loss surface around a nearby model, and
-   resetting it would restart Adam's bias correction with oversized first
-   steps after every sync.
+   loses no local work. The learner's target network is reset to the new
+   weights by default (`target_at_adoption` also offers keep and shift). The
+   optimizer state (Adam's moments) is kept: it describes the loss surface
+   around a nearby model, and resetting it would restart Adam's bias
+   correction with oversized first steps after every sync.
 3. stops when the session goal is reached (the server says so, or its count
    plus this participant's unpushed episodes reach it): the current round
    finishes, the remaining progress is pushed, the outbox flushed (bounded
@@ -699,7 +698,7 @@ class SyncLoop:
         backoff: BackoffPolicy = _DEFAULT_BACKOFF,
         poll_interval_s: float = 2.0,
         exchange: ExchangeConfig | None = None,
-        target_at_adoption: TargetAtAdoption = "keep",
+        target_at_adoption: TargetAtAdoption = "reset",
         on_record: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         """`exchange` with a share above 0 trades experience with the session; the engine
