@@ -94,6 +94,7 @@ import numpy as np
 
 from fedrl.client.federation_client import build_update
 from fedrl.common.chunking import DEFAULT_CHUNK_BYTES, DecodeLimits, assemble
+from fedrl.common.durable_files import fsync_directory, write_atomically
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
 
@@ -237,7 +238,7 @@ class Outbox:
             head = entries[0]
             if not head.attempted:
                 os.replace(self._path(head, READY), self._path(head, SENT))
-                _fsync_dir(self._root)
+                fsync_directory(self._root)
                 head = replace(head, attempted=True)
                 entries[0] = head
             return head
@@ -247,7 +248,7 @@ class Outbox:
         with self._lock:
             entry = self._take(kind, sequence)
             self._path(entry).unlink()
-            _fsync_dir(self._root)
+            fsync_directory(self._root)
 
     def reject(self, kind: str, sequence: int, reason: str) -> None:
         """The server refused this entry for good: keep it in rejected/ and say so."""
@@ -256,8 +257,8 @@ class Outbox:
             target = self._root / REJECTED
             target.mkdir(exist_ok=True)
             os.replace(self._path(entry), target / self._path(entry).name)
-            _fsync_dir(target)
-            _fsync_dir(self._root)
+            fsync_directory(target)
+            fsync_directory(self._root)
             log.error(
                 "%s %d was refused by the server and will not be sent again (kept in %s): %s",
                 kind,
@@ -278,8 +279,8 @@ class Outbox:
             target = self._root / RETURNED
             target.mkdir(exist_ok=True)
             os.replace(self._path(entry), target / self._path(entry).name)
-            _fsync_dir(target)
-            _fsync_dir(self._root)
+            fsync_directory(target)
+            fsync_directory(self._root)
             log.warning("%s %d goes back into the next update: %s", kind, sequence, reason)
 
     def returned(self, kind: str) -> list[Entry]:
@@ -302,7 +303,7 @@ class Outbox:
             folder = self._root / RETURNED
             for path in folder.glob(f"{kind}-{sequence:0{_SEQUENCE_DIGITS}d}.*"):
                 path.unlink()
-            _fsync_dir(folder)
+            fsync_directory(folder)
 
     def size(self, kind: str) -> tuple[int, int]:
         """(entries, bytes) held for a kind."""
@@ -329,7 +330,7 @@ class Outbox:
             if merger is None and ready and len(entries) > 1:
                 dropped = entries.pop(ready[0])
                 self._path(dropped).unlink()
-                _fsync_dir(self._root)
+                fsync_directory(self._root)
                 log.warning(
                     "outbox over its bound: dropped %s %d (%d bytes); %s has no merge rule",
                     kind,
@@ -363,7 +364,7 @@ class Outbox:
         # The merged file has replaced the earlier one; a crash before the next
         # line leaves `later` inside its merged range, which _recover removes.
         self._path(later).unlink()
-        _fsync_dir(self._root)
+        fsync_directory(self._root)
         entries[index : index + 2] = [merged]
         log.warning(
             "merged %s %d..%d into %d %s",
@@ -387,7 +388,7 @@ class Outbox:
         records = [json.dumps(meta).encode("utf-8"), *messages]
         data = MAGIC + b"".join(_record(r) for r in records)
         entry = Entry(kind, sequence, messages, False, merged_through, len(data))
-        _write_atomically(self._path(entry, READY), data)
+        write_atomically(self._path(entry, READY), lambda file: file.write(data))
         return entry
 
     def _path(self, entry: Entry, state: str | None = None) -> Path:
@@ -412,7 +413,9 @@ class Outbox:
         return int(text)
 
     def _write_counter(self, kind: str, value: int) -> None:
-        _write_atomically(self._counter_path(kind), f"{value}\n".encode("ascii"))
+        write_atomically(
+            self._counter_path(kind), lambda file: file.write(f"{value}\n".encode("ascii"))
+        )
         self._last[kind] = value
 
     def _recover(self) -> None:
@@ -452,7 +455,7 @@ class Outbox:
             )
             if highest > self._last[kind]:
                 self._write_counter(kind, highest)
-        _fsync_dir(self._root)
+        fsync_directory(self._root)
 
     def _numbers_set_aside(self, kind: str) -> list[int]:
         """Sequences of entries moved out of the queue: they are burnt too."""
@@ -468,8 +471,8 @@ class Outbox:
         target = self._root / QUARANTINE
         target.mkdir(exist_ok=True)
         os.replace(path, target / path.name)
-        _fsync_dir(target)
-        _fsync_dir(path.parent)
+        fsync_directory(target)
+        fsync_directory(path.parent)
         log.error(
             "outbox entry %s is damaged and will not be sent (moved to %s): %s",
             path.name,
@@ -607,22 +610,3 @@ def _sequence_from_name(path: Path) -> int | None:
 def _check_kind(kind: str) -> None:
     if kind not in KINDS:
         raise OutboxError(f"unknown outbox kind {kind!r}; one of {', '.join(KINDS)}")
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    temp = path.with_name(f".{path.name}.tmp")
-    with open(temp, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make renames and deletions in `path` durable (POSIX: the directory holds the names)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import numpy.typing as npt
 import torch
 
 from fedrl.client.engine import Counters, PollResult, TrainingEngine
+from fedrl.common.durable_files import write_atomically
 from fedrl.common.identity import safe_dirname, validate_participant_id
 
 FORMAT = 1
@@ -127,18 +127,7 @@ class StateDir:
 
     def _write(self, name: str, payload: dict[str, Any]) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        final = self.path / name
-        tmp = final.with_name(f".{name}.tmp")
-        with tmp.open("wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        dir_fd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomically(self.path / name, lambda file: torch.save(payload, file))
 
     # -- loading -------------------------------------------------------------
 

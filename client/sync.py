@@ -74,7 +74,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -109,6 +108,7 @@ from fedrl.client.federation_client import (
 from fedrl.client.learner import TARGET_AT_ADOPTION, TargetAtAdoption
 from fedrl.client.outbox import Entry, Outbox, OutboxLimits, decode_update, update_messages
 from fedrl.client.vector_env import make_vector_env
+from fedrl.common.durable_files import write_atomically
 from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
@@ -228,17 +228,7 @@ def save_sync_state(path: Path, state: SyncState) -> None:
         arrays[f"reference_{index}"] = np.asarray(reference, dtype=np.float32)
         arrays[f"local_{index}"] = np.asarray(local, dtype=np.float32)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp")
-    with open(temp, "wb") as file:
-        np.savez(file, **arrays)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomically(path, lambda file: np.savez(file, **arrays))
 
 
 def load_sync_state(path: Path) -> SyncState | None:

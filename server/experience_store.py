@@ -44,6 +44,7 @@ from typing import BinaryIO
 
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 
+from fedrl.common.durable_files import fsync_directory
 from fedrl.proto.v1 import experience_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
 
@@ -476,7 +477,7 @@ class ExperienceStore:
             created = not path.exists()
             self._writer = path.open("ab")
             if created:
-                _fsync_dir(self._dir)
+                fsync_directory(self._dir)
         self._writer.write(record)
         self._writer.flush()
         os.fsync(self._writer.fileno())
@@ -682,12 +683,3 @@ def _intact_end(path: Path) -> int:
             if magic != _MAGIC or len(payload) != length or zlib.crc32(payload) != crc:
                 return end
             end += _FRAME.size + length
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a new file's directory entry durable (POSIX needs the directory fsynced)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -38,6 +38,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from fedrl.common.durable_files import fsync_directory
+
 _VERSION_FILE = re.compile(r"v(\d{8,})\.npz")
 # .v00000012.npz.<writer pid>.<random>.tmp
 _TEMP_FILE = re.compile(r"\.v\d{8,}\.npz\.(\d+)\.[0-9a-f]+\.tmp")
@@ -118,7 +120,7 @@ class ModelStore:
             with _in_flight_lock:
                 _in_flight.discard(temp)
         # The rename is durable only once the directory entry is on disk.
-        _fsync_directory(self._root)
+        fsync_directory(self._root)
         return target
 
     def load(self, version: int) -> list[tuple[str, np.ndarray]]:
@@ -164,7 +166,7 @@ class ModelStore:
             self.path(version).unlink(missing_ok=True)
             deleted.append(version)
         if deleted:
-            _fsync_directory(self._root)
+            fsync_directory(self._root)
         return deleted
 
     def _read(self, path: Path) -> list[tuple[str, np.ndarray]]:
@@ -261,12 +263,3 @@ def _version(value: int) -> int:
     if number < 0:
         raise ValueError(f"a version is >= 0, got {number}")
     return number
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make renames and deletions in `directory` survive a power loss."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -75,6 +75,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from fedrl.common.durable_files import fsync_directory
+
 _log = logging.getLogger(__name__)
 
 _SEGMENT_NAME = re.compile(r"(\d{20})\.wal")
@@ -304,7 +306,7 @@ class UpdateLog:
                 self._segments.pop(0).path.unlink(missing_ok=True)
                 deleted += 1
             if deleted:
-                _fsync_directory(self._directory)
+                fsync_directory(self._directory)
             return deleted
 
     def close(self) -> None:
@@ -402,7 +404,7 @@ class UpdateLog:
         try:
             _write_all(fd, _segment_header(first_lsn), 0)
             _datasync(fd)
-            _fsync_directory(self._directory)
+            fsync_directory(self._directory)
         except OSError:
             os.close(fd)
             path.unlink(missing_ok=True)
@@ -509,7 +511,7 @@ class UpdateLog:
             file.write(_segment_header(1))
             file.flush()
             os.fsync(file.fileno())
-        _fsync_directory(self._directory)
+        fsync_directory(self._directory)
         return segment
 
 
@@ -879,12 +881,3 @@ def _datasync(fd: int) -> None:
     """fdatasync where the platform has it (it skips the mtime update), else fsync."""
     sync = getattr(os, "fdatasync", None) or os.fsync
     sync(fd)
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make file creations and deletions in `directory` survive a power loss."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
