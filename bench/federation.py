@@ -97,9 +97,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from fedrl.client.engine import EngineConfig, PollResult, TrainingEngine, available_cores
-from fedrl.client.evaluation import Evaluator
-from fedrl.client.experience_exchange import (
+from fedrl.client.federation.experience_exchange import (
     CursorFile,
     ExchangeConfig,
     ExperienceClient,
@@ -107,12 +105,14 @@ from fedrl.client.experience_exchange import (
     MixedReplay,
     mixed_replay,
 )
-from fedrl.client.federation_client import FederationClient, UnavailableError
-from fedrl.client.learner import TARGET_AT_ADOPTION, LearnerConfig, TargetAtAdoption
-from fedrl.client.network import architecture_name, load_named_arrays
-from fedrl.client.outbox import Outbox
-from fedrl.client.sync import SyncLoop, model_spec
-from fedrl.client.transitions import TransitionBatch
+from fedrl.client.federation.federation_client import FederationClient, UnavailableError
+from fedrl.client.federation.outbox import Outbox
+from fedrl.client.federation.sync import SyncLoop, model_spec
+from fedrl.client.training.engine import EngineConfig, PollResult, TrainingEngine, available_cores
+from fedrl.client.training.evaluation import Evaluator
+from fedrl.client.training.learner import TARGET_AT_ADOPTION, LearnerConfig, TargetAtAdoption
+from fedrl.client.training.q_network import architecture_name, load_named_arrays
+from fedrl.client.training.transitions import TransitionBatch
 from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc

@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedrl.client.learner import Learner, LearnerConfig, resolve_device
-from fedrl.client.network import build_q_network
-from fedrl.client.transitions import TransitionBatch
+from fedrl.client.training.learner import Learner, LearnerConfig, resolve_device
+from fedrl.client.training.q_network import build_q_network
+from fedrl.client.training.transitions import TransitionBatch
 
 OBS_SHAPE = (4,)
 N_ACTIONS = 2

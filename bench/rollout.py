@@ -27,10 +27,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from fedrl.client.engine import EngineConfig, TrainingEngine
-from fedrl.client.learner import LearnerConfig
-from fedrl.client.network import build_q_network
-from fedrl.client.vector_env import env_shape
+from fedrl.client.training.engine import EngineConfig, TrainingEngine
+from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.q_network import build_q_network
+from fedrl.client.training.vector_env import env_shape
 
 
 def baseline(vector_env: gym.vector.VectorEnv, seconds: float) -> float:

@@ -1,7 +1,7 @@
 """Time to solve CartPole-v1: ours vs Stable-Baselines3 DQN (rl-baselines3-zoo settings).
 
 "Solved" is the first greedy evaluation whose mean over 10 episodes is >= 475.
-Both agents are evaluated by the same code (`fedrl.client.evaluation`, 10
+Both agents are evaluated by the same code (`fedrl.client.training.evaluation`, 10
 greedy episodes on env instances of its own) every `--eval-every` env steps,
 and evaluation time is excluded from both clocks. The clock starts when the
 agent is constructed (ours: spawning its actor included). Seeds run
@@ -29,9 +29,9 @@ import torch
 from stable_baselines3 import DQN
 from stable_baselines3.common.callbacks import BaseCallback
 
-from fedrl.client.engine import EngineConfig, TrainingEngine
-from fedrl.client.evaluation import Evaluator
-from fedrl.client.learner import LearnerConfig
+from fedrl.client.training.engine import EngineConfig, TrainingEngine
+from fedrl.client.training.evaluation import Evaluator
+from fedrl.client.training.learner import LearnerConfig
 
 ENV = "CartPole-v1"
 SOLVED = 475.0

@@ -1,1 +1,1 @@
-"""The participant: rollout actors, DQN learner, replay, sync loop, local store, CLI."""
+"""The participant: training/ learns, federation/ talks to the server, commands/ are run."""

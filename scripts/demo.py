@@ -35,7 +35,7 @@ from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 
 SERVER = [sys.executable, "-c", "from fedrl.server.cli import main; main()"]
-CLIENT = [sys.executable, "-c", "from fedrl.client.cli import main; main()"]
+CLIENT = [sys.executable, "-c", "from fedrl.client.commands.cli import main; main()"]
 PARTICIPANTS = ("Макар", "alice")
 _LISTENING = re.compile(r"listening on (\S+):(\d+)")
 # Seconds a process gets to save and exit after SIGTERM before SIGKILL.

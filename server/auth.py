@@ -408,7 +408,7 @@ async def _authenticate_claim(auth: Authenticator, context: Any) -> None:
     if _claimed_id(context.invocation_metadata() or ()) is None:
         await context.abort(
             grpc.StatusCode.UNAUTHENTICATED,
-            f"name yourself in {METADATA_KEY} metadata (fedrl.client.channel does it for you)",
+            f"name yourself in {METADATA_KEY} metadata (fedrl-client does it for you)",
         )
 
 

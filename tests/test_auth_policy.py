@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fedrl.client.channel import ChannelSecurityError, is_loopback_target, open_channel
+from fedrl.client.federation.channel import ChannelSecurityError, is_loopback_target, open_channel
 from fedrl.common.tls import (
     ParticipantBundle,
     TlsMaterialError,

@@ -2,7 +2,7 @@
 
 Every test starts a real grpc.aio server with the Authenticator and
 AuthInterceptor in front of a tiny Federation servicer that answers with the
-caller's authenticated id, and dials it with fedrl.client.channel.
+caller's authenticated id, and dials it with fedrl.client.federation.channel.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from fedrl.client.channel import open_channel, participant_metadata
+from fedrl.client.federation.channel import open_channel, participant_metadata
 from fedrl.common.tls import (
     CertifiedKey,
     ParticipantBundle,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedrl.client.backoff import Backoff, BackoffPolicy
+from fedrl.client.federation.backoff import Backoff, BackoffPolicy
 
 
 class FakeClock:

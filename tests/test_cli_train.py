@@ -9,10 +9,10 @@ from pathlib import Path
 import click
 from click.testing import CliRunner
 
-from fedrl.client.cli import main
-from fedrl.client.config import DERIVED, NESTED, TrainConfig, option_fields
-from fedrl.client.engine import EngineConfig
-from fedrl.client.learner import LearnerConfig
+from fedrl.client.commands.cli import main
+from fedrl.client.commands.config import DERIVED, NESTED, TrainConfig, option_fields
+from fedrl.client.training.engine import EngineConfig
+from fedrl.client.training.learner import LearnerConfig
 
 TINY = [
     "--offline",

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fedrl.client.engine import ActorFailureError, EngineConfig, TrainingEngine
-from fedrl.client.learner import LearnerConfig
+from fedrl.client.training.engine import ActorFailureError, EngineConfig, TrainingEngine
+from fedrl.client.training.learner import LearnerConfig
 
 SHM = Path("/dev/shm")
 LEARNER = LearnerConfig(device="cpu", hidden=(16,), batch_size=8, learning_starts=100)

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedrl.client.engine import EngineConfig, TrainingEngine
-from fedrl.client.learner import LearnerConfig
+from fedrl.client.training.engine import EngineConfig, TrainingEngine
+from fedrl.client.training.learner import LearnerConfig
 
 SHM = Path("/dev/shm")
 

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 SHM = Path("/dev/shm")
-CLI = [sys.executable, "-c", "from fedrl.client.cli import main; main()"]
+CLI = [sys.executable, "-c", "from fedrl.client.commands.cli import main; main()"]
 ARGS = [
     "--participant-id", "kim",
     "--offline",

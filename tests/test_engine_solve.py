@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fedrl.client.engine import EngineConfig, TrainingEngine
-from fedrl.client.learner import LearnerConfig
+from fedrl.client.training.engine import EngineConfig, TrainingEngine
+from fedrl.client.training.learner import LearnerConfig
 
 STEP_BUDGET = 60_000
 

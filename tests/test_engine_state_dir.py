@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedrl.client.engine import Counters
-from fedrl.client.state_dir import (
+from fedrl.client.commands.state_dir import (
     BEST_FILE,
     MODEL_FILE,
     PROGRESS_FILE,
@@ -17,6 +16,7 @@ from fedrl.client.state_dir import (
     StateDir,
     StateError,
 )
+from fedrl.client.training.engine import Counters
 
 IDENTITY = ModelIdentity(env="CartPole-v1", architecture="dqn/dueling-mlp-8")
 

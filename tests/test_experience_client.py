@@ -12,7 +12,7 @@ import torch
 from server_harness import InProcessServer, join, server_config
 from test_experience_support import GAMMA, SPEC_HASH, Server, cartpole_spec, make_batch
 
-from fedrl.client.experience_exchange import (
+from fedrl.client.federation.experience_exchange import (
     KIND,
     CursorFile,
     ExchangeConfig,
@@ -27,10 +27,10 @@ from fedrl.client.experience_exchange import (
     to_experience,
     to_transitions,
 )
-from fedrl.client.learner import Learner, LearnerConfig
-from fedrl.client.outbox import Entry, Outbox
-from fedrl.client.replay import PrioritizedReplay
-from fedrl.client.transitions import TransitionBatch
+from fedrl.client.federation.outbox import Entry, Outbox
+from fedrl.client.training.learner import Learner, LearnerConfig
+from fedrl.client.training.replay import PrioritizedReplay
+from fedrl.client.training.transitions import TransitionBatch
 from fedrl.common.experience import BatchAssembler
 
 OBS = (4,)

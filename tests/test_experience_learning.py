@@ -22,14 +22,14 @@ import torch
 from server_harness import join
 from test_experience_support import CONFIG, SPEC_HASH, Server, cartpole_spec
 
-from fedrl.client.experience_exchange import (
+from fedrl.client.federation.experience_exchange import (
     ExchangeConfig,
     ExperienceClient,
     mixed_replay,
     to_experience,
 )
-from fedrl.client.learner import Learner, LearnerConfig
-from fedrl.client.transitions import TransitionBatch
+from fedrl.client.training.learner import Learner, LearnerConfig
+from fedrl.client.training.transitions import TransitionBatch
 from fedrl.common.experience import ExperienceBatch, batch_messages
 
 GAMMA = 0.99

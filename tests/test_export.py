@@ -11,11 +11,11 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from fedrl.client import export
-from fedrl.client.engine import Counters
-from fedrl.client.export import ExportConfig, ExportError, compare_actions, export_model
-from fedrl.client.network import architecture_name, build_q_network, named_arrays
-from fedrl.client.state_dir import ModelIdentity, StateDir
+from fedrl.client.commands import export
+from fedrl.client.commands.export import ExportConfig, ExportError, compare_actions, export_model
+from fedrl.client.commands.state_dir import ModelIdentity, StateDir
+from fedrl.client.training.engine import Counters
+from fedrl.client.training.q_network import architecture_name, build_q_network, named_arrays
 from fedrl.server.model_store import ModelStore
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from server_harness import InProcessServer, make_spec, named, server_config
 
-from fedrl.client.federation_client import (
+from fedrl.client.federation.federation_client import (
     AlreadySeededError,
     FederationClient,
     GlobalModel,

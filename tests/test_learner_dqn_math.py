@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedrl.client.learner import dqn_loss
+from fedrl.client.training.learner import dqn_loss
 
 # Two transitions, two actions. Hand-computed below:
 #   Q(s, a) taken:          row 0 action 0 -> 0.5, row 1 action 1 -> 3.0

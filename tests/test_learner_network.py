@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedrl.client.network import (
+from fedrl.client.training.q_network import (
     QNetwork,
     architecture_name,
     build_q_network,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedrl.client.replay import PrioritizedReplay, SumTree
-from fedrl.client.transitions import TransitionBatch
+from fedrl.client.training.replay import PrioritizedReplay, SumTree
+from fedrl.client.training.transitions import TransitionBatch
 
 OBS_SHAPE = (3,)
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedrl.client.learner import Learner, LearnerConfig, resolve_device
-from fedrl.client.replay import PrioritizedReplay
-from fedrl.client.transitions import TransitionBatch
+from fedrl.client.training.learner import Learner, LearnerConfig, resolve_device
+from fedrl.client.training.replay import PrioritizedReplay
+from fedrl.client.training.transitions import TransitionBatch
 
 # A deterministic chain: states 0..3 (one-hot). "right" (action 0) moves to the
 # next state; from state 3 it ends the episode with reward 1. "quit" (action 1)

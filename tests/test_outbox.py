@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedrl.client.federation_client import build_update
-from fedrl.client.outbox import Outbox, OutboxError, OutboxLimits, update_messages
+from fedrl.client.federation.federation_client import build_update
+from fedrl.client.federation.outbox import Outbox, OutboxError, OutboxLimits, update_messages
 from fedrl.common.chunking import assemble
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
@@ -154,7 +154,7 @@ def test_damaged_entry_is_reported_quarantined_and_not_sent(
     path = tmp_path / "update-00000000000000000002.ready"
     path.write_bytes(damage(path.read_bytes()))
 
-    with caplog.at_level(logging.ERROR, logger="fedrl.client.outbox"):
+    with caplog.at_level(logging.ERROR, logger="fedrl.client.federation.outbox"):
         reopened = Outbox(tmp_path)
 
     assert [e.sequence for e in reopened.pending("update")] == [1]
@@ -205,7 +205,7 @@ def test_given_back_entry_waits_in_returned_until_forgotten(
     outbox = Outbox(tmp_path)
     entry = outbox.add("update", update_builder(1.0))
 
-    with caplog.at_level(logging.WARNING, logger="fedrl.client.outbox"):
+    with caplog.at_level(logging.WARNING, logger="fedrl.client.federation.outbox"):
         outbox.give_back("update", entry.sequence, "update is 18 versions stale")
     reopened = Outbox(tmp_path)
     returned = reopened.returned("update")
@@ -229,7 +229,7 @@ def test_over_the_bound_the_oldest_ready_pair_is_merged_by_the_rule(
     )
     outbox.add("update", update_builder(4.0, base_version=6))
 
-    with caplog.at_level(logging.WARNING, logger="fedrl.client.outbox"):
+    with caplog.at_level(logging.WARNING, logger="fedrl.client.federation.outbox"):
         outbox.add("update", update_builder(8.0, base_version=7))
 
     pending = outbox.pending("update")
@@ -300,7 +300,7 @@ def test_kind_without_merge_rule_drops_its_oldest_ready_entry_with_a_warning(
 ) -> None:
     outbox = Outbox(tmp_path, limits=OutboxLimits(max_entries=3))
 
-    with caplog.at_level(logging.WARNING, logger="fedrl.client.outbox"):
+    with caplog.at_level(logging.WARNING, logger="fedrl.client.federation.outbox"):
         for _ in range(4):
             outbox.add("experience", lambda sequence: [b"batch %d" % sequence])
 
@@ -314,7 +314,7 @@ def test_rejected_entry_is_kept_aside_with_an_error_line(
     outbox = Outbox(tmp_path)
     entry = outbox.add("update", update_builder(1.0))
 
-    with caplog.at_level(logging.ERROR, logger="fedrl.client.outbox"):
+    with caplog.at_level(logging.ERROR, logger="fedrl.client.federation.outbox"):
         outbox.reject("update", entry.sequence, "update is 20 versions stale")
 
     assert outbox.pending("update") == []

@@ -13,9 +13,7 @@ import pytest
 from click.testing import CliRunner
 from server_harness import InProcessServer, join, make_spec, push, seed, server_config
 
-from fedrl.client.engine import EngineConfig, TrainingEngine
-from fedrl.client.learner import LearnerConfig
-from fedrl.client.plot import (
+from fedrl.client.commands.plot import (
     PlotConfig,
     moving_average,
     plot,
@@ -23,7 +21,9 @@ from fedrl.client.plot import (
     read_metrics,
     step_rates,
 )
-from fedrl.client.state_dir import Autosaver, ModelIdentity, StateDir
+from fedrl.client.commands.state_dir import Autosaver, ModelIdentity, StateDir
+from fedrl.client.training.engine import EngineConfig, TrainingEngine
+from fedrl.client.training.learner import LearnerConfig
 from fedrl.proto.v1 import federation_pb2 as pb
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

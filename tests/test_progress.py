@@ -7,17 +7,17 @@ import re
 
 import pytest
 
-from fedrl.client.engine import Counters, EngineConfig, PollResult, TrainingEngine
-from fedrl.client.evaluation import EvalResult
-from fedrl.client.learner import LearnerConfig
-from fedrl.client.progress import (
+from fedrl.client.commands.progress import (
     PROGRESS_FIELDS,
     ProgressReporter,
     RateMeter,
     TrainingProgress,
     mean_epsilon,
 )
-from fedrl.client.sync import ServerView
+from fedrl.client.federation.sync import ServerView
+from fedrl.client.training.engine import Counters, EngineConfig, PollResult, TrainingEngine
+from fedrl.client.training.evaluation import EvalResult
+from fedrl.client.training.learner import LearnerConfig
 from fedrl.proto.v1 import federation_pb2 as pb
 
 FEDERATED = {"version", "participants", "session_episodes", "session_goal"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedrl.client.exploration import actor_epsilons, apex_epsilons
+from fedrl.client.training.exploration import actor_epsilons, apex_epsilons
 
 
 def test_apex_schedule_matches_the_paper_formula() -> None:

@@ -14,9 +14,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from fedrl.client.actor import ActorCore, ActorSpec
-from fedrl.client.nstep import NStepAccumulator
-from fedrl.client.transitions import TransitionBatch
+from fedrl.client.training.actor import ActorCore, ActorSpec
+from fedrl.client.training.nstep import NStepAccumulator
+from fedrl.client.training.transitions import TransitionBatch
 
 ENV_ID = "FedrlTestCounting-v0"
 TIME_LIMIT = 5

@@ -5,8 +5,8 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from fedrl.client.actor import ActorCore, make_actor_spec
-from fedrl.client.vector_env import reset_seeded
+from fedrl.client.training.actor import ActorCore, make_actor_spec
+from fedrl.client.training.vector_env import reset_seeded
 
 ROOT = np.random.SeedSequence(1234)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedrl.client.shm import (
+from fedrl.client.training.shm import (
     SEGMENT_PREFIX,
     BoardLayout,
     RingLayout,
@@ -15,7 +15,7 @@ from fedrl.client.shm import (
     TransitionRing,
     WeightsBoard,
 )
-from fedrl.client.transitions import TransitionBatch
+from fedrl.client.training.transitions import TransitionBatch
 
 SHM = Path("/dev/shm")
 

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner, Result
 from server_harness import ServerProcess, join, make_spec
 
-from fedrl.client.channel import open_channel
+from fedrl.client.federation.channel import open_channel
 from fedrl.common.tls import ParticipantBundle
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from server_harness import InProcessServer, make_spec, metadata, named, server_config
 
-from fedrl.client.federation_client import (
+from fedrl.client.federation.federation_client import (
     FederationClient,
     RejectedError,
     UnavailableError,

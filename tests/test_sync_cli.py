@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from fedrl.client.cli import PARTICIPANT_ID_FILE, main, resolve_participant_id
-from fedrl.client.config import TrainConfig
+from fedrl.client.commands.cli import PARTICIPANT_ID_FILE, main, resolve_participant_id
+from fedrl.client.commands.config import TrainConfig
 
 
 def test_missing_participant_id_is_generated_once_and_remembered(tmp_path: Path) -> None:

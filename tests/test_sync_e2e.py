@@ -23,15 +23,15 @@ import grpc
 import pytest
 from server_harness import InProcessServer, ServerProcess, server_config
 
-from fedrl.client.engine import EngineConfig, TrainingEngine
-from fedrl.client.federation_client import FederationClient
-from fedrl.client.learner import LearnerConfig
-from fedrl.client.network import architecture_name
-from fedrl.client.outbox import Outbox
-from fedrl.client.sync import model_spec
+from fedrl.client.federation.federation_client import FederationClient
+from fedrl.client.federation.outbox import Outbox
+from fedrl.client.federation.sync import model_spec
+from fedrl.client.training.engine import EngineConfig, TrainingEngine
+from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.q_network import architecture_name
 from fedrl.proto.v1 import federation_pb2 as pb
 
-CLIENT = [sys.executable, "-c", "from fedrl.client.cli import main; main()"]
+CLIENT = [sys.executable, "-c", "from fedrl.client.commands.cli import main; main()"]
 SERIAL = ["--workers", "0", "--envs-per-worker", "4", "--eval-interval", "0"]
 FAST = [*SERIAL, "--hidden", "32,32"]
 _STOPPED = re.compile(r"stopped at episode (\d+)")

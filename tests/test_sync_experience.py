@@ -16,16 +16,21 @@ from click.testing import CliRunner
 from server_harness import InProcessServer, join, server_config
 from test_experience_support import Server
 
-from fedrl.client.backoff import BackoffPolicy
-from fedrl.client.cli import main
-from fedrl.client.config import config_from_options
-from fedrl.client.engine import EngineConfig, TrainingEngine
-from fedrl.client.experience_exchange import KIND, ExchangeConfig, MixedReplay, mixed_replay
-from fedrl.client.learner import LearnerConfig
-from fedrl.client.network import architecture_name
-from fedrl.client.outbox import Outbox
-from fedrl.client.sync import SyncLoop, model_spec
-from fedrl.client.transitions import TransitionBatch
+from fedrl.client.commands.cli import main
+from fedrl.client.commands.config import config_from_options
+from fedrl.client.federation.backoff import BackoffPolicy
+from fedrl.client.federation.experience_exchange import (
+    KIND,
+    ExchangeConfig,
+    MixedReplay,
+    mixed_replay,
+)
+from fedrl.client.federation.outbox import Outbox
+from fedrl.client.federation.sync import SyncLoop, model_spec
+from fedrl.client.training.engine import EngineConfig, TrainingEngine
+from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.q_network import architecture_name
+from fedrl.client.training.transitions import TransitionBatch
 from fedrl.common.tls import ParticipantBundle, create_ca, issue_participant_cert
 from fedrl.proto.v1 import federation_pb2 as pb
 

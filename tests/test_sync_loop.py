@@ -16,13 +16,10 @@ import pytest
 import torch
 from server_harness import InProcessServer, server_config
 
-from fedrl.client.backoff import BackoffPolicy
-from fedrl.client.engine import EngineConfig, TrainingEngine
-from fedrl.client.federation_client import build_update
-from fedrl.client.learner import LearnerConfig
-from fedrl.client.network import architecture_name
-from fedrl.client.outbox import Outbox
-from fedrl.client.sync import (
+from fedrl.client.federation.backoff import BackoffPolicy
+from fedrl.client.federation.federation_client import build_update
+from fedrl.client.federation.outbox import Outbox
+from fedrl.client.federation.sync import (
     SyncError,
     SyncLoop,
     SyncState,
@@ -30,6 +27,9 @@ from fedrl.client.sync import (
     model_spec,
     save_sync_state,
 )
+from fedrl.client.training.engine import EngineConfig, TrainingEngine
+from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.q_network import architecture_name
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
 
@@ -192,7 +192,7 @@ def test_participant_trains_while_the_server_is_down_and_joins_when_it_comes(
     address = f"127.0.0.1:{port}"
     config = server_config(tmp_path / "server", port=port, goal_episodes=20, buffer_size=1)
     with (
-        caplog.at_level(logging.WARNING, logger="fedrl.client.sync"),
+        caplog.at_level(logging.WARNING, logger="fedrl.client.federation.sync"),
         participant(address, tmp_path / "a", "alice") as pair,
     ):
         engine, loop = pair
@@ -307,7 +307,7 @@ def test_updates_refused_as_stale_go_into_the_next_update_and_nothing_is_lost(
     # version is refused: the two participants keep outrunning each other.
     config = server_config(tmp_path / "server", buffer_size=1, goal_episodes=60, max_staleness=0)
     with (
-        caplog.at_level(logging.WARNING, logger="fedrl.client.sync"),
+        caplog.at_level(logging.WARNING, logger="fedrl.client.federation.sync"),
         InProcessServer(config) as server,
         participant(server.address, tmp_path / "a", "Макар") as first,
         participant(server.address, tmp_path / "b", "alice") as second,

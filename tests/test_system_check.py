@@ -15,8 +15,7 @@ from click.testing import CliRunner
 from grpc_health.v1 import health, health_pb2_grpc
 from server_harness import InProcessServer, server_config
 
-from fedrl.client.engine import available_cores
-from fedrl.client.system_check import (
+from fedrl.client.commands.system_check import (
     QUICK_BATCH_SIZES,
     QUICK_ENV_WIDTHS,
     CheckConfig,
@@ -27,6 +26,7 @@ from fedrl.client.system_check import (
     probe_workers,
     recommend,
 )
+from fedrl.client.training.engine import available_cores
 from fedrl.common.tls import (
     CertifiedKey,
     ParticipantBundle,

@@ -11,7 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner, Result
 
-from fedrl.client.backtest import (
+from fedrl.client.commands.backtest import (
     Policy,
     bars_per_year,
     compute_metrics,
@@ -20,7 +20,7 @@ from fedrl.client.backtest import (
     make_backtest_command,
     run_backtest,
 )
-from fedrl.client.network import build_q_network
+from fedrl.client.training.q_network import build_q_network
 from fedrl.envs.trading import TradingEnv
 from fedrl.envs.trading_config import TradingConfig
 

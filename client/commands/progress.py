@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from tqdm import tqdm
 
-from fedrl.client.engine import Counters, PollResult
-from fedrl.client.exploration import apex_epsilons
+from fedrl.client.training.engine import Counters, PollResult
+from fedrl.client.training.exploration import apex_epsilons
 
 if TYPE_CHECKING:
-    from fedrl.client.sync import ServerView
+    from fedrl.client.federation.sync import ServerView
 
 FieldValue = int | float | None
 

@@ -22,8 +22,8 @@ import numpy.typing as npt
 import torch
 from gymnasium.envs.registration import load_env_creator
 
-from fedrl.client.config import field_docs
-from fedrl.client.network import build_q_network
+from fedrl.client.commands.config import field_docs
+from fedrl.client.training.q_network import build_q_network
 
 # Importing any fedrl.envs module registers fedrl/Trading-v0 with Gymnasium.
 from fedrl.envs.trading import ENV_ID, TradingEnv

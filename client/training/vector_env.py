@@ -31,7 +31,7 @@ def make_vector_env(env_id: str, num_envs: int, data: str | None = None) -> gym.
     processes, and AsyncVectorEnv's per-step pipe round trips cost more than
     the envs themselves (9-12k vs 117k CartPole steps/s measured here).
     Autoreset stays Gymnasium's default NEXT_STEP, the only mode every vector
-    env supports; `fedrl.client.nstep` handles it. `data` (a file the env reads,
+    env supports; `fedrl.client.training.nstep` handles it. `data` (a file the env reads,
     e.g. OHLCV bars) is passed only when given: most envs take no such option.
     """
     if num_envs < 1:

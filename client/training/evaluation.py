@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from fedrl.client.vector_env import make_vector_env, reset_seeded
+from fedrl.client.training.vector_env import make_vector_env, reset_seeded
 
 QValues = Callable[[npt.NDArray[np.float32]], npt.NDArray[np.float32]]
 

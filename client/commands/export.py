@@ -29,9 +29,9 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from fedrl.client.config import field_docs
-from fedrl.client.network import build_q_network, load_named_arrays
-from fedrl.client.vector_env import env_shape, make_vector_env
+from fedrl.client.commands.config import field_docs
+from fedrl.client.training.q_network import build_q_network, load_named_arrays
+from fedrl.client.training.vector_env import env_shape, make_vector_env
 
 Format = Literal["onnx", "torchscript"]
 NamedArrays = list[tuple[str, npt.NDArray[Any]]]

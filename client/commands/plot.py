@@ -36,9 +36,9 @@ import click
 import numpy as np
 import numpy.typing as npt
 
-from fedrl.client.channel import open_channel
-from fedrl.client.config import field_docs
-from fedrl.client.federation_client import FederationClient, FederationError
+from fedrl.client.commands.config import field_docs
+from fedrl.client.federation.channel import open_channel
+from fedrl.client.federation.federation_client import FederationClient, FederationError
 from fedrl.common.identity import safe_dirname, validate_participant_id
 from fedrl.common.tls import ParticipantBundle
 from fedrl.proto.v1 import federation_pb2 as pb

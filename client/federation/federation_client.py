@@ -169,7 +169,7 @@ class FederationClient:
     """Calls of the Federation service for one participant in one session.
 
     The channel belongs to the caller (plaintext for loopback tests, TLS from
-    fedrl.client.channel.open_channel otherwise), who also closes it.
+    fedrl.client.federation.channel.open_channel otherwise), who also closes it.
     """
 
     def __init__(

@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from fedrl.client.engine import Counters, PollResult, TrainingEngine
+from fedrl.client.training.engine import Counters, PollResult, TrainingEngine
 from fedrl.common.durable_files import write_atomically
 from fedrl.common.identity import safe_dirname, validate_participant_id
 

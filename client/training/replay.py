@@ -7,7 +7,7 @@ from typing import Protocol
 
 import numpy as np
 
-from fedrl.client.transitions import TransitionBatch
+from fedrl.client.training.transitions import TransitionBatch
 
 
 @dataclass(frozen=True)

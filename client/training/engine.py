@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from fedrl.client.actor import (
+from fedrl.client.training.actor import (
     SLOT_FORMAT,
     ActorCore,
     ActorSpec,
@@ -38,13 +38,13 @@ from fedrl.client.actor import (
     parse_fill,
     slot_capacity,
 )
-from fedrl.client.evaluation import EvalResult, Evaluator
-from fedrl.client.learner import Learner, LearnerConfig, TargetAtAdoption
-from fedrl.client.network import load_named_arrays
-from fedrl.client.replay import Replay
-from fedrl.client.shm import BoardLayout, RingLayout, TransitionRing, WeightsBoard
-from fedrl.client.transitions import TransitionBatch
-from fedrl.client.vector_env import env_shape, make_vector_env
+from fedrl.client.training.evaluation import EvalResult, Evaluator
+from fedrl.client.training.learner import Learner, LearnerConfig, TargetAtAdoption
+from fedrl.client.training.q_network import load_named_arrays
+from fedrl.client.training.replay import Replay
+from fedrl.client.training.shm import BoardLayout, RingLayout, TransitionRing, WeightsBoard
+from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.vector_env import env_shape, make_vector_env
 
 
 def available_cores() -> int:

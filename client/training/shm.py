@@ -20,7 +20,7 @@ from multiprocessing import shared_memory
 import numpy as np
 import numpy.typing as npt
 
-from fedrl.client.transitions import TransitionBatch
+from fedrl.client.training.transitions import TransitionBatch
 
 SEGMENT_PREFIX = "fedrl_"
 _ALIGN = 64

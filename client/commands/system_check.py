@@ -45,13 +45,13 @@ import psutil
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from fedrl.client.channel import is_loopback_target
-from fedrl.client.config import field_docs
-from fedrl.client.engine import EngineConfig, available_cores
-from fedrl.client.learner import Learner, LearnerConfig
-from fedrl.client.network import build_q_network
-from fedrl.client.transitions import TransitionBatch
-from fedrl.client.vector_env import env_shape, make_vector_env
+from fedrl.client.commands.config import field_docs
+from fedrl.client.federation.channel import is_loopback_target
+from fedrl.client.training.engine import EngineConfig, available_cores
+from fedrl.client.training.learner import Learner, LearnerConfig
+from fedrl.client.training.q_network import build_q_network
+from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.vector_env import env_shape, make_vector_env
 from fedrl.common.tls import ParticipantBundle
 
 ENV_WIDTHS = (1, 4, 16, 64)

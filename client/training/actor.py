@@ -18,12 +18,18 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from fedrl.client.exploration import actor_epsilons
-from fedrl.client.network import build_q_network, load_named_arrays
-from fedrl.client.nstep import NStepAccumulator
-from fedrl.client.shm import BoardLayout, RingLayout, SlotFill, TransitionRing, WeightsBoard
-from fedrl.client.transitions import TransitionBatch
-from fedrl.client.vector_env import env_shape, make_vector_env, reset_seeded
+from fedrl.client.training.exploration import actor_epsilons
+from fedrl.client.training.nstep import NStepAccumulator
+from fedrl.client.training.q_network import build_q_network, load_named_arrays
+from fedrl.client.training.shm import (
+    BoardLayout,
+    RingLayout,
+    SlotFill,
+    TransitionRing,
+    WeightsBoard,
+)
+from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.vector_env import env_shape, make_vector_env, reset_seeded
 
 # Slot fill messages: (slot, rows, episodes, env_steps), fixed size and far
 # below PIPE_BUF, so a write is atomic even if the actor is killed mid-send.

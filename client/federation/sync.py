@@ -39,10 +39,10 @@ sample of recent local transitions in the same outbox (kind "experience");
 a task of the network thread beside the updates' (so a slow transfer never
 holds an update back) sends them and pulls other participants' transitions,
 which the main thread adds to the replay as foreign at its next round
-(fedrl.client.experience_exchange has the details).
+(fedrl.client.federation.experience_exchange has the details).
 
 Exploration needs no global schedule: actors use fixed Ape-X rates
-(fedrl.client.exploration), not a decay from ε = 1, so a participant who
+(fedrl.client.training.exploration), not a decay from ε = 1, so a participant who
 joins a session late explores like everyone else from its first step.
 
 Refused updates. An update the server refuses as too stale (FAILED_PRECONDITION
@@ -86,17 +86,16 @@ import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
 
-from fedrl.client.backoff import Backoff, BackoffPolicy
-from fedrl.client.engine import PollResult, TrainingEngine
-from fedrl.client.experience_exchange import KIND as EXPERIENCE
-from fedrl.client.experience_exchange import (
+from fedrl.client.federation.backoff import Backoff, BackoffPolicy
+from fedrl.client.federation.experience_exchange import KIND as EXPERIENCE
+from fedrl.client.federation.experience_exchange import (
     CursorFile,
     ExchangeConfig,
     ExperienceClient,
     ExperienceSync,
     MixedReplay,
 )
-from fedrl.client.federation_client import (
+from fedrl.client.federation.federation_client import (
     AlreadySeededError,
     FederationClient,
     GlobalModel,
@@ -105,9 +104,16 @@ from fedrl.client.federation_client import (
     UnavailableError,
     build_update,
 )
-from fedrl.client.learner import TARGET_AT_ADOPTION, TargetAtAdoption
-from fedrl.client.outbox import Entry, Outbox, OutboxLimits, decode_update, update_messages
-from fedrl.client.vector_env import make_vector_env
+from fedrl.client.federation.outbox import (
+    Entry,
+    Outbox,
+    OutboxLimits,
+    decode_update,
+    update_messages,
+)
+from fedrl.client.training.engine import PollResult, TrainingEngine
+from fedrl.client.training.learner import TARGET_AT_ADOPTION, TargetAtAdoption
+from fedrl.client.training.vector_env import make_vector_env
 from fedrl.common.durable_files import write_atomically
 from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb

@@ -18,19 +18,19 @@ from typing import Any
 import click
 import grpc
 
-from fedrl.client.backtest import backtest
-from fedrl.client.channel import ChannelSecurityError, open_channel
-from fedrl.client.config import TrainConfig, config_from_options, train_options
-from fedrl.client.engine import Counters, PollResult, TrainingEngine
-from fedrl.client.experience_exchange import mixed_replay
-from fedrl.client.export import export_command
-from fedrl.client.federation_client import FederationClient, FederationError
-from fedrl.client.network import architecture_name
-from fedrl.client.plot import plot_command
-from fedrl.client.progress import ProgressReporter, TrainingProgress, mean_epsilon
-from fedrl.client.state_dir import Autosaver, ModelIdentity, StateDir, StateError
-from fedrl.client.sync import SyncError, SyncLoop, model_spec
-from fedrl.client.system_check import check_command
+from fedrl.client.commands.backtest import backtest
+from fedrl.client.commands.config import TrainConfig, config_from_options, train_options
+from fedrl.client.commands.export import export_command
+from fedrl.client.commands.plot import plot_command
+from fedrl.client.commands.progress import ProgressReporter, TrainingProgress, mean_epsilon
+from fedrl.client.commands.state_dir import Autosaver, ModelIdentity, StateDir, StateError
+from fedrl.client.commands.system_check import check_command
+from fedrl.client.federation.channel import ChannelSecurityError, open_channel
+from fedrl.client.federation.experience_exchange import mixed_replay
+from fedrl.client.federation.federation_client import FederationClient, FederationError
+from fedrl.client.federation.sync import SyncError, SyncLoop, model_spec
+from fedrl.client.training.engine import Counters, PollResult, TrainingEngine
+from fedrl.client.training.q_network import architecture_name
 from fedrl.common.identity import validate_participant_id
 from fedrl.common.tls import ParticipantBundle, TlsMaterialError
 from fedrl.proto.v1 import federation_pb2 as pb

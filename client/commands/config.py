@@ -21,9 +21,9 @@ from typing import Any, Literal
 
 import click
 
-from fedrl.client.engine import EngineConfig
-from fedrl.client.experience_exchange import ExchangeConfig
-from fedrl.client.learner import LearnerConfig, TargetAtAdoption
+from fedrl.client.federation.experience_exchange import ExchangeConfig
+from fedrl.client.training.engine import EngineConfig
+from fedrl.client.training.learner import LearnerConfig, TargetAtAdoption
 
 
 @dataclass(frozen=True)

@@ -44,16 +44,16 @@ from typing import cast
 import grpc
 import numpy as np
 
-from fedrl.client.federation_client import (
+from fedrl.client.federation.federation_client import (
     FederationError,
     RejectedError,
     Timeouts,
     UnavailableError,
 )
-from fedrl.client.learner import LearnerConfig
-from fedrl.client.outbox import Entry, Outbox, OutboxError
-from fedrl.client.replay import PrioritizedReplay, SampledBatch
-from fedrl.client.transitions import TransitionBatch
+from fedrl.client.federation.outbox import Entry, Outbox, OutboxError
+from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.replay import PrioritizedReplay, SampledBatch
+from fedrl.client.training.transitions import TransitionBatch
 from fedrl.common.chunking import DEFAULT_CHUNK_BYTES, DecodeLimits
 from fedrl.common.errors import DecodeError
 from fedrl.common.experience import BatchAssembler, ExperienceBatch, batch_messages

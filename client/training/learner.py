@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedrl.client.network import build_q_network, load_named_arrays, named_arrays
-from fedrl.client.replay import PrioritizedReplay, Replay, SampledBatch
-from fedrl.client.transitions import TransitionBatch
+from fedrl.client.training.q_network import build_q_network, load_named_arrays, named_arrays
+from fedrl.client.training.replay import PrioritizedReplay, Replay, SampledBatch
+from fedrl.client.training.transitions import TransitionBatch
 
 STATE_FORMAT = 1
 """Version of ``Learner.state_dict()``'s layout; bumped on any change to it."""

@@ -1,0 +1,1 @@
+"""The commands people run: train, plot, check, export, backtest, and what they show and save."""

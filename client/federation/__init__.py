@@ -1,0 +1,1 @@
+"""Everything a participant says to the server: weights, experience, the outbox, the channel."""

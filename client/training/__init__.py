@@ -1,0 +1,1 @@
+"""The learning engine: actor processes, shared memory, replay, the Q-network and its learner."""
