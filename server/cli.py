@@ -22,6 +22,7 @@ import click
 import grpc
 
 from fedrl.common.identity import id_to_metadata
+from fedrl.common.status_table import render_status
 from fedrl.common.tls import ParticipantBundle, TlsMaterialError
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
@@ -30,7 +31,6 @@ from fedrl.server.config import ServerConfig
 from fedrl.server.experience_service import ExperienceConfig, experience_service
 from fedrl.server.session import DB_FILE, DEFAULT_SESSION
 from fedrl.server.state_db import StateDB
-from fedrl.server.status_table import render_status
 from fedrl.server.tls_commands import init_tls, issue, revoke
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -21,11 +21,11 @@ from server_harness import (
     server_config,
 )
 
+from fedrl.common.status_table import display_width, render_status
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.server.app import InsecureAddressError, run_server
 from fedrl.server.cli import main, option_name, serve_command
 from fedrl.server.config import ServerConfig
-from fedrl.server.status_table import display_width, render_status
 
 SPEC = make_spec([(4,)])
 
