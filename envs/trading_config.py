@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from fedrl.common.config_cli import doc
 
 Split = Literal["train", "eval"]
 
@@ -14,26 +16,62 @@ Split = Literal["train", "eval"]
 class TradingConfig:
     """Everything that defines one trading environment; `gymnasium.make` kwargs map onto it."""
 
-    data: str | None = None
-    """OHLCV CSV file (plain or gzip); without one, a seeded synthetic market."""
-    window: int = 32
-    """Bars of features in each observation."""
-    episode_length: int | None = 256
-    """Steps per episode, from a random start; None runs the whole split once from its start."""
-    fee_bps: float = 10.0
-    """Exchange fee on each trade's notional, in basis points (10 = a typical taker fee)."""
-    slippage_bps: float = 5.0
-    """Price moved against us on each trade, in basis points of the close."""
-    allow_short: bool = True
-    """Whether the short target position exists; without it the actions are flat and long."""
-    split: Split = "train"
-    """Which time split episodes come from: the early "train" bars or the late "eval" bars."""
-    eval_fraction: float = 0.2
-    """Share of the bars, the latest ones, held out for evaluation; training never sees them."""
-    seed: int = 0
-    """Seed of the synthetic market: every participant must share it to train on the same market."""
-    synthetic_bars: int = 20_000
-    """Length of the synthetic market in hourly bars (20 000 is a little over two years)."""
+    data: str | None = field(
+        default=None,
+        metadata=doc(
+            "OHLCV CSV file (plain or gzip); without one, a seeded synthetic market.",
+            path="file",
+            exists=True,
+        ),
+    )
+    window: int = field(default=32, metadata=doc("Bars of features in each observation."))
+    episode_length: int | None = field(
+        default=256,
+        metadata=doc(
+            "Steps per episode, from a random start; None runs the whole split once from its start."
+        ),
+    )
+    fee_bps: float = field(
+        default=10.0,
+        metadata=doc(
+            "Exchange fee on each trade's notional, in basis points (10 = a typical taker fee)."
+        ),
+    )
+    slippage_bps: float = field(
+        default=5.0,
+        metadata=doc("Price moved against us on each trade, in basis points of the close."),
+    )
+    allow_short: bool = field(
+        default=True,
+        metadata=doc(
+            "Whether the short target position exists; without it the actions are flat and long."
+        ),
+    )
+    split: Split = field(
+        default="train",
+        metadata=doc(
+            'Which time split episodes come from: the early "train" bars or the late "eval" bars.'
+        ),
+    )
+    eval_fraction: float = field(
+        default=0.2,
+        metadata=doc(
+            "Share of the bars, the latest ones, held out for evaluation; training never sees them."
+        ),
+    )
+    seed: int = field(
+        default=0,
+        metadata=doc(
+            "Seed of the synthetic market: every participant must share it to train "
+            "on the same market."
+        ),
+    )
+    synthetic_bars: int = field(
+        default=20_000,
+        metadata=doc(
+            "Length of the synthetic market in hourly bars (20 000 is a little over two years)."
+        ),
+    )
 
     def __post_init__(self) -> None:
         # Fail here, with the field's name, rather than as an index error mid-episode.

@@ -1,10 +1,10 @@
 """`fedrl-server`: the aggregation server's command line.
 
-`fedrl-server` alone serves with the defaults. `fedrl-server serve` runs the
-Federation and ExperienceExchange services and takes one option per
-ServerConfig field, generated from the dataclass so the two never drift.
-`fedrl-server status` prints the state database as tables, also while the
-server runs. The TLS commands join through `main.add_command`.
+`fedrl-server [OPTIONS]` serves, exactly as `fedrl-server serve [OPTIONS]`:
+the Federation and ExperienceExchange services, one option per ServerConfig
+field. `fedrl-server status` prints the state database as tables,
+also while the server runs. The TLS commands join through `main.add_command`.
+Every command's options come from its config dataclass (fedrl.common.config_cli).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import dataclasses
 import logging
 import sys
 import time
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
 import grpc
 
+from fedrl.common.config_cli import doc, refuse_options_before_a_command, section, takes_config
 from fedrl.common.identity import id_to_metadata
 from fedrl.common.status_table import render_status
 from fedrl.common.tls import ParticipantBundle, TlsMaterialError
@@ -33,71 +33,51 @@ from fedrl.server.session import DB_FILE, DEFAULT_SESSION
 from fedrl.server.state_db import StateDB
 from fedrl.server.tls_commands import init_tls, issue, revoke
 
-F = TypeVar("F", bound=Callable[..., Any])
-
 _DEFAULTS = ServerConfig()
-_CLICK_TYPES: dict[Any, Any] = {
-    "int": int,
-    "float": float,
-    "str": str,
-    "Path": click.Path(path_type=Path, file_okay=False),
-}
 
 
-def option_name(field_name: str) -> str:
-    return "--" + field_name.replace("_", "-")
+@dataclass(frozen=True)
+class ServeConfig:
+    """Serving: the server's settings and the process's log level."""
 
-
-def config_options(command: F) -> F:
-    """One click option per ServerConfig field, with its default and help.
-
-    A bool field is a flag (`--insecure`), a tuple field a repeatable option
-    (`--session-strategy`, once per session).
-    """
-    for item in reversed(dataclasses.fields(ServerConfig)):
-        kind: dict[str, Any]
-        if item.type == "bool":
-            kind = {"is_flag": True}
-        elif item.type == "tuple[str, ...]":
-            kind = {"type": str, "multiple": True}
-        else:
-            kind = {"type": _CLICK_TYPES[item.type]}
-        decorator = click.option(
-            option_name(item.name),
-            item.name,
-            default=getattr(_DEFAULTS, item.name),
-            show_default=True,
-            help=item.metadata["help"],
-            **kind,
-        )
-        command = decorator(command)
-    return command
+    server: ServerConfig = field(
+        default_factory=ServerConfig, metadata=section("The aggregation server.")
+    )
+    log_level: str = field(default="INFO", metadata=doc("Python logging level."))
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@takes_config(ServeConfig)
 @click.pass_context
-def main(ctx: click.Context) -> None:
+def main(ctx: click.Context, /, config: ServeConfig) -> None:
     """fedrl aggregation server: asynchronous federated averaging over gRPC.
 
-    Without a command, serves with the defaults (same as `fedrl-server serve`).
+    Without a command it serves with the options below, the same as
+    `fedrl-server serve`, e.g. `fedrl-server --data-dir fedrl-server-data`.
     """
-    if ctx.invoked_subcommand is None:
-        ctx.invoke(serve_command, **dataclasses.asdict(_DEFAULTS))
+    if ctx.invoked_subcommand is not None:
+        refuse_options_before_a_command(ctx, ServeConfig)
+        return
+    run_serve(config)
 
 
 @main.command("serve")
-@config_options
-@click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
-def serve_command(log_level: str = "INFO", **options: Any) -> None:
+@takes_config(ServeConfig)
+def serve_command(config: ServeConfig) -> None:
     """Serve the Federation service until SIGTERM or Ctrl-C."""
+    run_serve(config)
+
+
+def run_serve(config: ServeConfig) -> None:
+    """Serve until SIGTERM or Ctrl-C; a setting the server refuses is a usage error."""
     logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    server = config.server
     try:
-        config = ServerConfig(**options)
-        services = [experience_registration(config)]
+        services = [experience_registration(server)]
         asyncio.run(
-            serve(config, extra_services=services, on_ready=lambda port: _announce(config, port))
+            serve(server, extra_services=services, on_ready=lambda port: _announce(server, port))
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -119,59 +99,71 @@ def _announce(config: ServerConfig, port: int) -> None:
     sys.stdout.flush()
 
 
+@dataclass(frozen=True)
+class StatusConfig:
+    """The status command: which server state, and how much of it."""
+
+    data_dir: Path = field(
+        default=_DEFAULTS.data_dir, metadata=doc("The server's data directory.", path="dir")
+    )
+    session: str = field(default="", metadata=doc("Only this session (default: all)."))
+    versions: int = field(default=10, metadata=doc("Newest versions to list."))
+
+
 @main.command("status")
-@click.option(
-    "--data-dir",
-    type=click.Path(path_type=Path, file_okay=False),
-    default=_DEFAULTS.data_dir,
-    show_default=True,
-    help="The server's data directory.",
-)
-@click.option("--session", default="", help="Only this session (default: all).")
-@click.option("--versions", default=10, show_default=True, help="Newest versions to list.")
-def status_command(data_dir: Path, session: str, versions: int) -> None:
+@takes_config(StatusConfig)
+def status_command(config: StatusConfig) -> None:
     """Print the global state from the state database (read-only; fine while serving)."""
     try:
-        db = StateDB(data_dir / DB_FILE, read_only=True)
+        db = StateDB(config.data_dir / DB_FILE, read_only=True)
     except FileNotFoundError:
         raise click.ClickException(
-            f"no server state in {data_dir}: start fedrl-server there, or pass --data-dir"
+            f"no server state in {config.data_dir}: start fedrl-server there, or pass --data-dir"
         ) from None
     try:
-        reply = db.status(session or None, versions, int(time.time() * 1000))
+        reply = db.status(config.session or None, config.versions, int(time.time() * 1000))
     finally:
         db.close()
-    if session and not reply.sessions:
-        raise click.ClickException(f"no session named {session!r} in {data_dir}")
+    if config.session and not reply.sessions:
+        raise click.ClickException(f"no session named {config.session!r} in {config.data_dir}")
     click.echo(render_status(reply))
 
 
+@dataclass(frozen=True)
+class RaiseGoalConfig:
+    """The raise-goal command: which server, which session, the new goal, and as whom."""
+
+    total_episodes: int = field(metadata=doc("The new total-episodes goal."))
+    address: str = field(
+        default=f"127.0.0.1:{_DEFAULTS.port}", metadata=doc("The server's address host:port.")
+    )
+    session: str = field(default=DEFAULT_SESSION, metadata=doc("The session whose goal rises."))
+    bundle: Path | None = field(
+        default=None,
+        metadata=doc(
+            "Bundle from `fedrl-server issue` to call a TLS server with (the operator's own).",
+            path="file",
+            exists=True,
+        ),
+    )
+
+
 @main.command("raise-goal")
-@click.option("--address", default=f"127.0.0.1:{_DEFAULTS.port}", show_default=True)
-@click.option("--session", default=DEFAULT_SESSION, show_default=True)
-@click.option("--total-episodes", type=int, required=True, help="The new total-episodes goal.")
-@click.option(
-    "--bundle",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="Bundle from `fedrl-server issue` to call a TLS server with (the operator's own).",
-)
-def raise_goal_command(
-    address: str, session: str, total_episodes: int, bundle: Path | None
-) -> None:
+@takes_config(RaiseGoalConfig)
+def raise_goal_command(config: RaiseGoalConfig) -> None:
     """Raise a running session's goal so its participants continue."""
-    channel, metadata = _operator_channel(address, bundle)
+    channel, metadata = _operator_channel(config.address, config.bundle)
     with channel:
         stub = pb_grpc.FederationStub(channel)  # type: ignore[no-untyped-call]
         try:
             goal = stub.RaiseGoal(
-                pb.RaiseGoalRequest(session=session, total_episodes=total_episodes),
+                pb.RaiseGoalRequest(session=config.session, total_episodes=config.total_episodes),
                 metadata=metadata,
                 timeout=30,
             )
         except grpc.RpcError as exc:
             raise click.ClickException(f"{exc.code().name}: {exc.details()}") from None
-    click.echo(f"session {session}: goal {goal.total_episodes}, done {goal.episodes_done}")
+    click.echo(f"session {config.session}: goal {goal.total_episodes}, done {goal.episodes_done}")
 
 
 def _operator_channel(

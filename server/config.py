@@ -1,8 +1,8 @@
 """ServerConfig: every knob of `fedrl-server`, one field each.
 
-The command line is generated from these fields (server/cli.py), so the help
-text lives here, in each field's metadata, and a test checks that options and
-fields match one to one.
+The command line is generated from these fields (fedrl.common.config_cli), so
+the help text lives here, in each field's metadata, and a test checks that
+options and fields match one to one.
 """
 
 from __future__ import annotations
@@ -11,16 +11,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedrl.common.config_cli import doc
 from fedrl.common.identity import validate_participant_id
 from fedrl.server.limits import LimitsConfig
 
 STRATEGIES = ("mean", "trimmed_mean", "median")
 _LIMITS = LimitsConfig()
-
-
-def doc(help: str) -> dict[str, str]:
-    """Field metadata holding the help text the CLI shows next to the option."""
-    return {"help": help}
 
 
 @dataclass(frozen=True)
@@ -35,7 +31,7 @@ class ServerConfig:
     )
     data_dir: Path = field(
         default=Path("fedrl-server-data"),
-        metadata=doc("Directory for the state database, checkpoints and logs."),
+        metadata=doc("Directory for the state database, checkpoints and logs.", path="dir"),
     )
     goal_episodes: int = field(default=1000, metadata=doc("Total-episodes goal of a new session."))
     max_staleness: int = field(

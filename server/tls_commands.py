@@ -7,12 +7,12 @@ hand to whom.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
 
+from fedrl.common.config_cli import doc, takes_config
 from fedrl.common.identity import safe_dirname, validate_participant_id
 from fedrl.common.tls import (
     CA_DAYS,
@@ -30,70 +30,98 @@ from fedrl.common.tls import (
 )
 from fedrl.server import auth
 
-F = TypeVar("F", bound=Callable[..., Any])
+_DATA_DIR_HELP = "Server data dir; TLS material goes to <data-dir>/tls/."
 
 
-def _data_dir_option(f: F) -> F:
-    return click.option(
-        "--data-dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        required=True,
-        help="Server data dir; TLS material goes to <data-dir>/tls/.",
-    )(f)
+def _at_least_one_day(**days: int) -> None:
+    for name, value in days.items():
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1 day, got {value}")
 
 
-def _participant_id(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
-    try:
-        return validate_participant_id(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+@dataclass(frozen=True)
+class InitTlsConfig:
+    """The init-tls command."""
+
+    data_dir: Path = field(metadata=doc(_DATA_DIR_HELP, path="dir"))
+    hosts: tuple[str, ...] = field(
+        metadata=doc(
+            "Name or IP address clients dial (repeat for several); goes into the server "
+            "certificate.",
+            flag="--host",
+        )
+    )
+    days: int = field(default=SERVER_DAYS, metadata=doc("Validity of the server certificate."))
+    ca_days: int = field(default=CA_DAYS, metadata=doc("Validity of a newly created session CA."))
+    new_ca: bool = field(
+        default=False,
+        metadata=doc("Replace an existing session CA. Every bundle issued so far stops working."),
+    )
+
+    def __post_init__(self) -> None:
+        _at_least_one_day(days=self.days, ca_days=self.ca_days)
+
+
+@dataclass(frozen=True)
+class IssueConfig:
+    """The issue command."""
+
+    data_dir: Path = field(metadata=doc(_DATA_DIR_HELP, path="dir"))
+    participant_id: str = field(metadata=doc("The participant's id (any script, e.g. Макар)."))
+    as_token: bool = field(
+        default=False,
+        metadata=doc(
+            "Issue a bearer token (for token-mode servers) instead of a certificate.",
+            flag="--token",
+        ),
+    )
+    days: int = field(default=PARTICIPANT_DAYS, metadata=doc("Validity of the certificate."))
+    out: Path | None = field(
+        default=None,
+        metadata=doc(
+            "Bundle file to write [default: <data-dir>/tls/participants/<id>.pem].", path="file"
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        # The NFC form is the id: the one certificates, files and metadata carry.
+        object.__setattr__(self, "participant_id", validate_participant_id(self.participant_id))
+        _at_least_one_day(days=self.days)
+
+
+@dataclass(frozen=True)
+class RevokeConfig:
+    """The revoke command."""
+
+    data_dir: Path = field(metadata=doc(_DATA_DIR_HELP, path="dir"))
+    participant_id: str = field(
+        metadata=doc("The participant whose certificates and tokens stop working.")
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "participant_id", validate_participant_id(self.participant_id))
 
 
 @click.command("init-tls")
-@_data_dir_option
-@click.option(
-    "--host",
-    "hosts",
-    multiple=True,
-    required=True,
-    help="Name or IP address clients dial (repeat for several); goes into the server certificate.",
-)
-@click.option(
-    "--days",
-    type=click.IntRange(min=1),
-    default=SERVER_DAYS,
-    show_default=True,
-    help="Validity of the server certificate.",
-)
-@click.option(
-    "--ca-days",
-    type=click.IntRange(min=1),
-    default=CA_DAYS,
-    show_default=True,
-    help="Validity of a newly created session CA.",
-)
-@click.option(
-    "--new-ca",
-    is_flag=True,
-    help="Replace an existing session CA. Every bundle issued so far stops working.",
-)
-def init_tls(data_dir: Path, hosts: tuple[str, ...], days: int, ca_days: int, new_ca: bool) -> None:
+@takes_config(InitTlsConfig)
+def init_tls(config: InitTlsConfig) -> None:
     """Create the session CA (unless one exists) and a server certificate for --host names.
 
     Running it again with other hosts keeps the CA, so bundles already handed
     out stay valid, and only replaces the server certificate.
     """
-    paths = TlsPaths.for_data_dir(data_dir)
+    paths = TlsPaths.for_data_dir(config.data_dir)
+    hosts = config.hosts
     try:
-        if paths.ca_cert.exists() and not new_ca:
+        if paths.ca_cert.exists() and not config.new_ca:
             ca = CertifiedKey.read(paths.ca_cert, paths.ca_key)
             click.echo(f"Keeping the session CA in {paths.ca_cert}")
         else:
-            ca = create_ca(f"fedrl session CA ({hosts[0]})", days=ca_days)
+            ca = create_ca(f"fedrl session CA ({hosts[0]})", days=config.ca_days)
             write_private(paths.ca_key, ca.key_pem)
             write_private(paths.ca_cert, ca.cert_pem)
             click.echo(f"Created session CA:  {paths.ca_cert} (key {paths.ca_key})")
-        server = issue_server_cert(ca, list(hosts), days=days)
+        server = issue_server_cert(ca, list(hosts), days=config.days)
     except TlsMaterialError as exc:
         raise click.ClickException(str(exc)) from None
     write_private(paths.server_key, server.key_pem)
@@ -109,40 +137,16 @@ def init_tls(data_dir: Path, hosts: tuple[str, ...], days: int, ca_days: int, ne
 
 
 @click.command("issue")
-@_data_dir_option
-@click.option(
-    "--participant-id",
-    required=True,
-    callback=_participant_id,
-    help="The participant's id (any script, e.g. Макар).",
-)
-@click.option(
-    "--token",
-    "as_token",
-    is_flag=True,
-    help="Issue a bearer token (for token-mode servers) instead of a certificate.",
-)
-@click.option(
-    "--days",
-    type=click.IntRange(min=1),
-    default=PARTICIPANT_DAYS,
-    show_default=True,
-    help="Validity of the certificate.",
-)
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Bundle file to write [default: <data-dir>/tls/participants/<id>.pem].",
-)
-def issue(data_dir: Path, participant_id: str, as_token: bool, days: int, out: Path | None) -> None:
+@takes_config(IssueConfig)
+def issue(config: IssueConfig) -> None:
     """Issue a participant's credentials: a bundle file (certificate, key, CA) or a token."""
-    paths = TlsPaths.for_data_dir(data_dir)
+    paths = TlsPaths.for_data_dir(config.data_dir)
+    participant_id = config.participant_id
     if not paths.ca_cert.exists():
         raise click.ClickException(
             f"no session CA in {paths.root}: run `fedrl-server init-tls` first"
         )
-    if as_token:
+    if config.as_token:
         token = auth.issue_token(paths, participant_id)
         click.echo(f"Token for {participant_id!r} (shown only now; the server keeps its hash):")
         click.echo(token)
@@ -152,13 +156,13 @@ def issue(data_dir: Path, participant_id: str, as_token: bool, days: int, out: P
         return
     try:
         ca = CertifiedKey.read(paths.ca_cert, paths.ca_key)
-        pair = issue_participant_cert(ca, participant_id, days=days)
+        pair = issue_participant_cert(ca, participant_id, days=config.days)
     except TlsMaterialError as exc:
         raise click.ClickException(str(exc)) from None
     # Recorded before the bundle exists, so every bundle ever written is revocable.
     auth.record_issued(paths, participant_id, pair.cert_pem)
     bundle = ParticipantBundle(cert_pem=pair.cert_pem, key_pem=pair.key_pem, ca_pem=ca.cert_pem)
-    target = out or paths.bundles / f"{safe_dirname(participant_id)}.pem"
+    target = config.out or paths.bundles / f"{safe_dirname(participant_id)}.pem"
     bundle.write(target)
     until = load_cert(pair.cert_pem).not_valid_after_utc
     click.echo(f"Bundle for {participant_id!r}: {target} (valid until {until:%Y-%m-%d})")
@@ -169,16 +173,11 @@ def issue(data_dir: Path, participant_id: str, as_token: bool, days: int, out: P
 
 
 @click.command("revoke")
-@_data_dir_option
-@click.option(
-    "--participant-id",
-    required=True,
-    callback=_participant_id,
-    help="The participant whose certificates and tokens stop working.",
-)
-def revoke(data_dir: Path, participant_id: str) -> None:
+@takes_config(RevokeConfig)
+def revoke(config: RevokeConfig) -> None:
     """Revoke every certificate and token issued to a participant, effective on its next call."""
-    paths = TlsPaths.for_data_dir(data_dir)
+    paths = TlsPaths.for_data_dir(config.data_dir)
+    participant_id = config.participant_id
     try:
         done = auth.revoke(paths, participant_id)
     except TlsMaterialError as exc:

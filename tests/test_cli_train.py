@@ -10,9 +10,16 @@ import click
 from click.testing import CliRunner
 
 from fedrl.client.commands.cli import main
-from fedrl.client.commands.config import DERIVED, NESTED, TrainConfig, option_fields
+from fedrl.client.commands.config import TrainConfig
+from fedrl.client.federation.channel import ConnectionSecurity
+from fedrl.client.federation.experience_exchange import ExchangeConfig
 from fedrl.client.training.engine import EngineConfig
 from fedrl.client.training.learner import LearnerConfig
+
+SECTIONS = ("tls", "engine", "learner", "exchange")
+"""TrainConfig fields that are configs of their own; their fields become options too."""
+DERIVED = {("learner", "seed")}
+"""Fields with no option: the learner's seed comes from the engine's seed stream."""
 
 TINY = [
     "--offline",
@@ -31,16 +38,21 @@ TINY = [
 
 def test_every_config_field_has_an_option_and_every_option_a_field() -> None:
     # prepare
-    fields = {f.name for f in dataclasses.fields(TrainConfig) if f.name not in NESTED}
-    for section, cls in (("engine", EngineConfig), ("learner", LearnerConfig)):
+    fields = {f.name for f in dataclasses.fields(TrainConfig) if f.name not in SECTIONS}
+    for section, cls in (
+        ("tls", ConnectionSecurity),
+        ("engine", EngineConfig),
+        ("learner", LearnerConfig),
+        ("exchange", ExchangeConfig),
+    ):
         fields |= {f.name for f in dataclasses.fields(cls) if (section, f.name) not in DERIVED}
 
     # act
-    options = {p.name for p in main.params if isinstance(p, click.Option)} - {"help"}
+    options = [p for p in main.params if isinstance(p, click.Option) and p.name != "help"]
 
     # assert
-    assert options == fields
-    assert all(f.help for f in option_fields()), "every option needs its field's docstring"
+    assert {p.name for p in options} == fields
+    assert all(p.help for p in options), "every option needs its field's help text"
 
 
 def test_a_tiny_offline_run_trains_and_fills_the_state_dir(tmp_path: Path) -> None:

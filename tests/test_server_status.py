@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +27,7 @@ from server_harness import (
 from fedrl.common.status_table import display_width, render_status
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.server.app import InsecureAddressError, run_server
-from fedrl.server.cli import main, option_name, serve_command
+from fedrl.server.cli import main, serve_command
 from fedrl.server.config import ServerConfig
 
 SPEC = make_spec([(4,)])
@@ -90,7 +93,7 @@ def test_every_config_field_has_exactly_one_serve_option_with_its_default() -> N
 
     assert set(options) == set(fields)
     for name, param in options.items():
-        assert param.opts == [option_name(name)]
+        assert param.opts == ["--" + name.replace("_", "-")]
         assert param.default == getattr(ServerConfig(), name)
         assert param.help, f"option for {name} has no help"
 
@@ -129,3 +132,51 @@ def test_served_process_offers_federation_and_experience_exchange(tmp_path: Path
         }
 
     assert set(statuses.values()) == {health_pb2.HealthCheckResponse.SERVING}
+
+
+def test_bare_command_help_shows_the_serve_options() -> None:
+    result = CliRunner().invoke(main, ["--help"])
+
+    assert result.exit_code == 0
+    for option in ("--data-dir", "--port", "--session-strategy", "--token-auth", "--log-level"):
+        assert option in result.output
+
+
+def test_bare_command_takes_the_serve_options(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["--host", "192.0.2.1", "--data-dir", str(tmp_path / "d")])
+
+    assert result.exit_code == 2
+    assert "refusing to serve plaintext" in result.output
+
+
+def test_bare_command_serves_on_the_data_dir_it_is_given(tmp_path: Path) -> None:
+    # prepare
+    data = tmp_path / "fedrl-server-data"
+    command = [sys.executable, "-c", "from fedrl.server.cli import main; main()"]
+
+    # act: `fedrl-server --data-dir fedrl-server-data`, as the README has it
+    with subprocess.Popen(
+        [*command, "--data-dir", str(data), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ) as process:
+        try:
+            announced = process.stdout.readline() if process.stdout else ""
+            stored = (data / "state.sqlite3").exists()
+        finally:
+            process.send_signal(signal.SIGTERM)
+            code = process.wait(timeout=60)
+
+    # assert
+    assert announced.startswith("fedrl-server listening on 127.0.0.1:"), announced
+    assert f"(data in {data})" in announced
+    assert stored
+    assert code == 0
+
+
+def test_serve_options_before_a_command_are_refused_not_ignored(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["--port", "1", "status", "--data-dir", str(tmp_path)])
+
+    assert result.exit_code == 2
+    assert "--port before `status`" in result.output

@@ -68,3 +68,10 @@ def test_help_lists_the_options_users_of_the_old_tools_know() -> None:
         "--offline",
     ):
         assert option in result.output
+
+
+def test_training_options_before_a_command_are_refused_not_ignored(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["--state-dir", str(tmp_path), "plot"])
+
+    assert result.exit_code == 2
+    assert "--state-dir before `plot`" in result.output

@@ -17,7 +17,7 @@ from server_harness import InProcessServer, join, server_config
 from test_experience_support import Server
 
 from fedrl.client.commands.cli import main
-from fedrl.client.commands.config import config_from_options
+from fedrl.client.commands.config import TrainConfig
 from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.experience_exchange import (
     KIND,
@@ -31,6 +31,7 @@ from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.client.training.transitions import TransitionBatch
+from fedrl.common.config_cli import config_from_options
 from fedrl.common.tls import ParticipantBundle, create_ca, issue_participant_cert
 from fedrl.proto.v1 import federation_pb2 as pb
 
@@ -219,7 +220,7 @@ def test_cli_refuses_an_empty_token_file(tmp_path: Path) -> None:
 
 
 def test_exchange_options_reach_the_config() -> None:
-    config = config_from_options({"foreign_share": 0.5, "pull_transitions": 100})
+    config = config_from_options(TrainConfig, {"foreign_share": 0.5, "pull_transitions": 100})
 
     assert config.exchange.foreign_share == 0.5 and config.exchange.pull_transitions == 100
     assert config.exchange.push_transitions == ExchangeConfig().push_transitions
@@ -227,7 +228,7 @@ def test_exchange_options_reach_the_config() -> None:
 
 def test_a_foreign_share_of_one_is_refused_before_training() -> None:
     with pytest.raises(ValueError, match="foreign_share must lie in"):
-        config_from_options({"foreign_share": 1.0})
+        config_from_options(TrainConfig, {"foreign_share": 1.0})
 
 
 def test_every_push_and_adoption_leaves_a_metrics_record(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from fedrl.client.commands.system_check import (
     probe_workers,
     recommend,
 )
+from fedrl.client.federation.channel import ConnectionSecurity
 from fedrl.client.training.engine import available_cores
 from fedrl.common.tls import (
     CertifiedKey,
@@ -240,6 +241,6 @@ def test_server_without_a_port_is_a_clear_error() -> None:
 
 def test_contradicting_security_options_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="contradicts"):
-        CheckConfig(ca_cert=tmp_path / "ca.pem", insecure=True)
+        CheckConfig(tls=ConnectionSecurity(ca_cert=tmp_path / "ca.pem", insecure=True))
     with pytest.raises(ValueError, match="either --bundle or --ca-cert"):
-        CheckConfig(ca_cert=tmp_path / "ca.pem", bundle=tmp_path / "me.pem")
+        CheckConfig(tls=ConnectionSecurity(ca_cert=tmp_path / "ca.pem", bundle=tmp_path / "me.pem"))

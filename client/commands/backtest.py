@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +21,8 @@ import numpy.typing as npt
 import torch
 from gymnasium.envs.registration import load_env_creator
 
-from fedrl.client.commands.config import field_docs
 from fedrl.client.training.q_network import build_q_network
+from fedrl.common.config_cli import doc, section, takes_config
 
 # Importing any fedrl.envs module registers fedrl/Trading-v0 with Gymnasium.
 from fedrl.envs.trading import ENV_ID, TradingEnv
@@ -270,85 +269,50 @@ def _state_dict_of(saved: object) -> dict[str, Any] | None:
 
 # --- Command --------------------------------------------------------------------------------
 
-# A backtest always runs the whole evaluation split once; every other env knob is an option.
-_FIXED_BY_BACKTEST = frozenset({"split", "episode_length"})
-_CLICK_TYPES: dict[Any, click.ParamType[Any]] = {int: click.INT, float: click.FLOAT}
 
+@dataclass(frozen=True)
+class BacktestConfig:
+    """The backtest command: which model, on which environment, and where the curve goes."""
 
-def env_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """One option per TradingConfig field, default and help taken from the field, so the
-    command and the environment cannot drift apart."""
-    hints = typing.get_type_hints(TradingConfig)
-    docs = field_docs(TradingConfig)
-    for f in reversed(dataclasses.fields(TradingConfig)):
-        if f.name in _FIXED_BY_BACKTEST:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if hints[f.name] is bool:
-            option = click.option(
-                f"{flag}/--no-{flag[2:]}",
-                f.name,
-                default=f.default,
-                show_default=True,
-                help=docs[f.name],
-            )
-        elif f.name == "data":
-            option = click.option(
-                flag,
-                f.name,
-                type=click.Path(exists=True, dir_okay=False),
-                default=None,
-                help=docs[f.name],
-            )
-        else:
-            option = click.option(
-                flag,
-                f.name,
-                type=_CLICK_TYPES[hints[f.name]],
-                default=f.default,
-                show_default=True,
-                help=docs[f.name],
-            )
-        command = option(command)
-    return command
+    model_path: Path = field(
+        metadata=doc(
+            "Saved Q-network (.pt) to run greedily.", flag="--model", path="file", exists=True
+        ),
+    )
+    env_id: str = field(default=ENV_ID, metadata=doc("Trading env id.", flag="--env"))
+    out: Path = field(
+        default=Path("equity.png"),
+        metadata=doc("Where to write the equity-curve PNG.", path="file"),
+    )
+    trading: TradingConfig = field(
+        default_factory=TradingConfig,
+        # A backtest always runs the whole evaluation split once; every other env knob is an
+        # option, so the command and the environment cannot drift apart.
+        metadata=section("The trading environment.", omit=("split", "episode_length")),
+    )
 
 
 def make_backtest_command(loader: PolicyLoader = load_policy) -> click.Command:
     """The `backtest` command; `loader` turns --model into a policy (tests pass their own)."""
 
     @click.command("backtest")
-    @click.option(
-        "--model",
-        "model_path",
-        required=True,
-        type=click.Path(exists=True, dir_okay=False, path_type=Path),
-        help="Saved Q-network (.pt) to run greedily.",
-    )
-    @click.option("--env", "env_id", default=ENV_ID, show_default=True, help="Trading env id.")
-    @click.option(
-        "--out",
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=Path("equity.png"),
-        show_default=True,
-        help="Where to write the equity-curve PNG.",
-    )
-    @env_options
-    def backtest(model_path: Path, env_id: str, out: Path, **env_options: Any) -> None:
+    @takes_config(BacktestConfig)
+    def backtest(config: BacktestConfig) -> None:
         """Run a saved model greedily over the evaluation split; compare with buy-and-hold."""
-        _check_trading_env(env_id)
+        _check_trading_env(config.env_id)
         try:
-            config = TradingConfig(**env_options, split="eval", episode_length=None)
-            probe = TradingEnv(config)
-            policy = loader(model_path, probe.obs_shape, probe.n_actions)
-            result = run_backtest(policy, config)
+            env = dataclasses.replace(config.trading, split="eval", episode_length=None)
+            probe = TradingEnv(env)
+            policy = loader(config.model_path, probe.obs_shape, probe.n_actions)
+            result = run_backtest(policy, env)
         except ValueError as err:  # MarketDataError included: the message names file and line
             raise click.ClickException(str(err)) from err
         click.echo(format_report(result))
         try:
-            write_equity_png(result, out)
+            write_equity_png(result, config.out)
         except RuntimeError as err:
             raise click.ClickException(str(err)) from err
-        click.echo(f"\nequity curve: {out}")
+        click.echo(f"\nequity curve: {config.out}")
 
     return backtest
 

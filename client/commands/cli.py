@@ -13,37 +13,37 @@ import secrets
 import signal
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import click
 import grpc
 
 from fedrl.client.commands.backtest import backtest
-from fedrl.client.commands.config import TrainConfig, config_from_options, train_options
+from fedrl.client.commands.config import TrainConfig
 from fedrl.client.commands.export import export_command
 from fedrl.client.commands.plot import plot_command
 from fedrl.client.commands.progress import ProgressReporter, TrainingProgress, mean_epsilon
 from fedrl.client.commands.state_dir import Autosaver, ModelIdentity, StateDir, StateError
 from fedrl.client.commands.system_check import check_command
-from fedrl.client.federation.channel import ChannelSecurityError, open_channel
+from fedrl.client.federation.channel import ChannelSecurityError
 from fedrl.client.federation.experience_exchange import mixed_replay
 from fedrl.client.federation.federation_client import FederationClient, FederationError
 from fedrl.client.federation.sync import SyncError, SyncLoop, model_spec
 from fedrl.client.training.engine import Counters, PollResult, TrainingEngine
 from fedrl.client.training.q_network import architecture_name
+from fedrl.common.config_cli import refuse_options_before_a_command, takes_config
 from fedrl.common.identity import validate_participant_id
-from fedrl.common.tls import ParticipantBundle, TlsMaterialError
+from fedrl.common.status_table import render_status
+from fedrl.common.tls import TlsMaterialError
 from fedrl.proto.v1 import federation_pb2 as pb
-from fedrl.server.status_table import render_status
 
 PARTICIPANT_ID_FILE = "participant-id"
 """Under --state-dir: the id generated for a participant who gave none, reused next time."""
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
-@train_options
+@takes_config(TrainConfig)
 @click.pass_context
-def main(ctx: click.Context, /, **options: Any) -> None:
+def main(ctx: click.Context, /, config: TrainConfig) -> None:
     """fedrl participant: trains locally and federates with a fedrl server.
 
     Without a subcommand it trains with the session on --server, e.g.
@@ -51,12 +51,12 @@ def main(ctx: click.Context, /, **options: Any) -> None:
     or alone with --offline. `--episodes 0` prints the session's status.
     """
     if ctx.invoked_subcommand is not None:
+        refuse_options_before_a_command(ctx, TrainConfig)
         return
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        config = config_from_options(options)
         check_bundle_identity(config)
         if config.episodes == 0:
             if config.offline:
@@ -259,8 +259,9 @@ def print_status(config: TrainConfig) -> None:
 
     # Over TLS the server checks the id a call names against the credentials.
     pid = config.participant_id
-    if not pid and config.bundle:
-        pid = ParticipantBundle.read(Path(config.bundle)).participant_id
+    bundle = config.tls.read_bundle()
+    if not pid and bundle is not None:
+        pid = bundle.participant_id
 
     async def fetch() -> pb.StatusReply:
         async with _channel(config) as channel:
@@ -290,37 +291,21 @@ def _echo_status(reply: pb.StatusReply, local: Path | None) -> None:
 
 def _channel(config: TrainConfig) -> grpc.aio.Channel:
     try:
-        return open_channel(
-            config.server,
-            ca_cert=Path(config.ca_cert) if config.ca_cert else None,
-            bundle=ParticipantBundle.read(Path(config.bundle)) if config.bundle else None,
-            token=_read_token(Path(config.token_file)) if config.token_file else None,
-            insecure=config.insecure,
-        )
+        return config.tls.open(config.server)
     except ChannelSecurityError as exc:
         raise click.UsageError(str(exc)) from exc
 
 
-def _read_token(path: Path) -> str:
-    try:
-        token = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise click.UsageError(f"--token-file {path} cannot be read: {exc}") from exc
-    if not token:
-        raise click.UsageError(f"--token-file {path} is empty: it must hold the bearer token")
-    return token
-
-
 def check_bundle_identity(config: TrainConfig) -> None:
     """Refuse a --participant-id that is not the bundle's: the server would refuse every call."""
-    if not (config.bundle and config.participant_id):
+    bundle = config.tls.read_bundle()
+    if bundle is None or not config.participant_id:
         return
-    bundle_id = ParticipantBundle.read(Path(config.bundle)).participant_id
     given = validate_participant_id(config.participant_id)
-    if given != bundle_id:
+    if given != bundle.participant_id:
         raise click.UsageError(
-            f"--participant-id {given!r} differs from {bundle_id!r}, the participant of "
-            f"--bundle {config.bundle}: a participant can only speak as itself"
+            f"--participant-id {given!r} differs from {bundle.participant_id!r}, the "
+            f"participant of --bundle {config.tls.bundle}: a participant can only speak as itself"
         )
 
 
@@ -328,10 +313,10 @@ def resolve_participant_id(config: TrainConfig) -> TrainConfig:
     """The config with a participant id: the one given, or one generated once and remembered."""
     if config.participant_id:
         return config
-    if config.bundle:
+    bundle = config.tls.read_bundle()
+    if bundle is not None:
         # The bundle's certificate names the participant: nothing else could speak with it.
-        pid = ParticipantBundle.read(Path(config.bundle)).participant_id
-        return dataclasses.replace(config, participant_id=pid)
+        return dataclasses.replace(config, participant_id=bundle.participant_id)
     path = config.state_dir / PARTICIPANT_ID_FILE
     if path.exists():
         pid = validate_participant_id(path.read_text(encoding="utf-8").strip())

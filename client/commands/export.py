@@ -19,7 +19,7 @@ import re
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,9 +29,9 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from fedrl.client.commands.config import field_docs
 from fedrl.client.training.q_network import build_q_network, load_named_arrays
 from fedrl.client.training.vector_env import env_shape, make_vector_env
+from fedrl.common.config_cli import doc, takes_config
 
 Format = Literal["onnx", "torchscript"]
 NamedArrays = list[tuple[str, npt.NDArray[Any]]]
@@ -55,20 +55,31 @@ class ExportError(ValueError):
 class ExportConfig:
     """The export command."""
 
-    model: Path = Path("model.pt")
-    """A model file: model.pt or best.pt of a state dir, or a server checkpoint vNNNNNNNN.npz."""
-    format: Format = "onnx"
-    """onnx (any ONNX runtime) or torchscript (torch.jit.load, C++ libtorch)."""
-    out: Path = Path("q_network.onnx")
-    """The file to write; refused if it exists, unless --overwrite."""
-    env: str = ""
-    """Gymnasium env id for the observations; defaults to the one saved with the model."""
-    samples: int = 512
-    """Observations the exported model must act on exactly like the original."""
-    overwrite: bool = False
-    """Replace --out if it exists."""
-    seed: int = 0
-    """Seeds the verification observations."""
+    model: Path = field(
+        metadata=doc(
+            "A model file: model.pt or best.pt of a state dir, or a server checkpoint "
+            "vNNNNNNNN.npz.",
+            path="file",
+        ),
+    )
+    format: Format = field(
+        metadata=doc("onnx (any ONNX runtime) or torchscript (torch.jit.load, C++ libtorch)."),
+    )
+    out: Path = field(
+        metadata=doc("The file to write; refused if it exists, unless --overwrite.", path="file"),
+    )
+    env: str = field(
+        default="",
+        metadata=doc(
+            "Gymnasium env id for the observations; defaults to the one saved with the model."
+        ),
+    )
+    samples: int = field(
+        default=512,
+        metadata=doc("Observations the exported model must act on exactly like the original."),
+    )
+    overwrite: bool = field(default=False, metadata=doc("Replace --out if it exists."))
+    seed: int = field(default=0, metadata=doc("Seeds the verification observations."))
 
     def __post_init__(self) -> None:
         if self.format not in ("onnx", "torchscript"):
@@ -374,37 +385,12 @@ def export_model(config: ExportConfig) -> ExportReport:
     )
 
 
-_DEFAULTS = ExportConfig()
-_HELP = field_docs(ExportConfig)
-
-
 @click.command("export")
-@click.option(
-    "--model",
-    type=click.Path(path_type=Path, dir_okay=False),
-    required=True,
-    help=_HELP["model"],
-)
-@click.option(
-    "--format",
-    "format",
-    type=click.Choice(["onnx", "torchscript"]),
-    required=True,
-    help=_HELP["format"],
-)
-@click.option(
-    "--out", type=click.Path(path_type=Path, dir_okay=False), required=True, help=_HELP["out"]
-)
-@click.option("--env", default=_DEFAULTS.env, help=_HELP["env"])
-@click.option(
-    "--samples", type=int, default=_DEFAULTS.samples, show_default=True, help=_HELP["samples"]
-)
-@click.option("--overwrite/--no-overwrite", default=_DEFAULTS.overwrite, help=_HELP["overwrite"])
-@click.option("--seed", type=int, default=_DEFAULTS.seed, show_default=True, help=_HELP["seed"])
-def export_command(**options: Any) -> None:
+@takes_config(ExportConfig)
+def export_command(config: ExportConfig) -> None:
     """Write the Q-network for use outside fedrl, checked to act exactly like the original."""
     try:
-        report = export_model(ExportConfig(**options))
+        report = export_model(config)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     shape = "x".join(str(d) for d in report.obs_shape)

@@ -36,11 +36,10 @@ import click
 import numpy as np
 import numpy.typing as npt
 
-from fedrl.client.commands.config import field_docs
-from fedrl.client.federation.channel import open_channel
+from fedrl.client.federation.channel import ConnectionSecurity
 from fedrl.client.federation.federation_client import FederationClient, FederationError
+from fedrl.common.config_cli import doc, section, takes_config
 from fedrl.common.identity import safe_dirname, validate_participant_id
-from fedrl.common.tls import ParticipantBundle
 from fedrl.proto.v1 import federation_pb2 as pb
 
 if TYPE_CHECKING:
@@ -71,25 +70,46 @@ class PlotError(ValueError):
 class PlotConfig:
     """The plot command."""
 
-    state_dir: Path = Path("fedrl-state")
-    """A participant's state dir, or the root of state dirs (as given to training)."""
-    participant_id: str = ""
-    """Which participant under --state-dir; may be left out when there is only one."""
-    server: str = ""
-    """For the global model's curve: the server's address host:port (Status call), or its
-    data dir on this machine (read-only)."""
-    session: str = ""
-    """The session to plot from --server; default: every session."""
-    ca_cert: Path | None = None
-    """With an address: the session's CA certificate, to verify the server (one-way TLS)."""
-    bundle: Path | None = None
-    """With an address: your participant bundle (mutual TLS)."""
-    insecure: bool = False
-    """With a non-loopback address: ask in plaintext."""
-    out: Path | None = None
-    """Folder for the PNGs; default: <participant's state dir>/plots, or ./fedrl-plots."""
-    smooth: int = 0
-    """Episodes in the moving average of local returns; 0 picks about 1/50 of the run."""
+    state_dir: Path = field(
+        default=Path("fedrl-state"),
+        metadata=doc(
+            "A participant's state dir, or the root of state dirs (as given to training).",
+            path="dir",
+        ),
+    )
+    participant_id: str = field(
+        default="",
+        metadata=doc(
+            "Which participant under --state-dir; may be left out when there is only one."
+        ),
+    )
+    server: str = field(
+        default="",
+        metadata=doc(
+            "For the global model's curve: the server's address host:port (Status call), or its "
+            "data dir on this machine (read-only)."
+        ),
+    )
+    session: str = field(
+        default="", metadata=doc("The session to plot from --server; default: every session.")
+    )
+    tls: ConnectionSecurity = field(
+        default_factory=ConnectionSecurity,
+        metadata=section("With an address: how to reach the server."),
+    )
+    out: Path | None = field(
+        default=None,
+        metadata=doc(
+            "Folder for the PNGs; default: <participant's state dir>/plots, or ./fedrl-plots.",
+            path="dir",
+        ),
+    )
+    smooth: int = field(
+        default=0,
+        metadata=doc(
+            "Episodes in the moving average of local returns; 0 picks about 1/50 of the run."
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.smooth < 0:
@@ -224,20 +244,14 @@ def server_status(config: PlotConfig) -> pb.StatusReply:
 
 
 async def _fetch_status(config: PlotConfig) -> pb.StatusReply:
-    bundle = ParticipantBundle.read(config.bundle) if config.bundle is not None else None
+    bundle = config.tls.read_bundle()
     pid = bundle.participant_id if bundle is not None else config.participant_id
     if not pid:
         raise PlotError(
             f"--server {config.server} is an address: the server answers participants only, "
             "so pass --participant-id (or --bundle)"
         )
-    channel = open_channel(
-        config.server,
-        ca_cert=config.ca_cert,
-        bundle=bundle,
-        insecure=config.insecure,
-        participant_id=pid,
-    )
+    channel = config.tls.open(config.server, participant_id=pid)
     try:
         client = FederationClient(channel, participant_id=pid, session=config.session)
         return await client.status(max_versions=ALL_VERSIONS, all_sessions=not config.session)
@@ -455,43 +469,12 @@ def plot(config: PlotConfig) -> tuple[list[Path], list[str], MetricsLog | None]:
     return written, missing, log
 
 
-_HELP = field_docs(PlotConfig)
-_DEFAULTS = PlotConfig()
-_DIR = click.Path(path_type=Path, file_okay=False)
-
-
 @click.command("plot")
-@click.option(
-    "--state-dir",
-    type=_DIR,
-    default=_DEFAULTS.state_dir,
-    show_default=True,
-    help=_HELP["state_dir"],
-)
-@click.option("--participant-id", default=_DEFAULTS.participant_id, help=_HELP["participant_id"])
-@click.option("--server", default=_DEFAULTS.server, help=_HELP["server"])
-@click.option("--session", default=_DEFAULTS.session, help=_HELP["session"])
-@click.option(
-    "--ca-cert",
-    type=click.Path(path_type=Path, dir_okay=False, exists=True),
-    default=None,
-    help=_HELP["ca_cert"],
-)
-@click.option(
-    "--bundle",
-    type=click.Path(path_type=Path, dir_okay=False, exists=True),
-    default=None,
-    help=_HELP["bundle"],
-)
-@click.option("--insecure/--no-insecure", default=_DEFAULTS.insecure, help=_HELP["insecure"])
-@click.option("--out", type=_DIR, default=None, help=_HELP["out"])
-@click.option(
-    "--smooth", type=int, default=_DEFAULTS.smooth, show_default=True, help=_HELP["smooth"]
-)
-def plot_command(**options: Any) -> None:
+@takes_config(PlotConfig)
+def plot_command(config: PlotConfig) -> None:
     """Write PNGs of the training curves: returns, evaluations, loss, speed, the global model."""
     try:
-        written, missing, log = plot(PlotConfig(**options))
+        written, missing, log = plot(config)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     if log is not None and log.skipped:

@@ -32,7 +32,7 @@ import ssl
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -45,13 +45,13 @@ import psutil
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from fedrl.client.commands.config import field_docs
-from fedrl.client.federation.channel import is_loopback_target
+from fedrl.client.federation.channel import ConnectionSecurity, is_loopback_target
 from fedrl.client.training.engine import EngineConfig, available_cores
 from fedrl.client.training.learner import Learner, LearnerConfig
 from fedrl.client.training.q_network import build_q_network
 from fedrl.client.training.transitions import TransitionBatch
 from fedrl.client.training.vector_env import env_shape, make_vector_env
+from fedrl.common.config_cli import doc, section, takes_config
 from fedrl.common.tls import ParticipantBundle
 
 ENV_WIDTHS = (1, 4, 16, 64)
@@ -71,29 +71,33 @@ class ProbeError(RuntimeError):
 class CheckConfig:
     """The system check."""
 
-    env: str = "CartPole-v1"
-    """Gymnasium env id to probe with (the one you will train)."""
-    hidden: tuple[int, ...] = (256, 256)
-    """Hidden layer widths of the Q-network to probe with."""
-    server: str = ""
-    """host:port of a fedrl server to check (reachability, TLS); empty to skip."""
-    ca_cert: Path | None = None
-    """The session's CA certificate (PEM) to verify the server's TLS certificate with."""
-    bundle: Path | None = None
-    """Your participant bundle (mutual TLS): its CA verifies the server, its certificate is
-    shown to the server."""
-    insecure: bool = False
-    """Check a non-loopback server over plaintext instead of TLS."""
-    quick: bool = False
-    """A ~3 s probe at fewer settings instead of ~15 s (rougher recommendation)."""
+    env: str = field(
+        default="CartPole-v1",
+        metadata=doc("Gymnasium env id to probe with (the one you will train)."),
+    )
+    hidden: tuple[int, ...] = field(
+        default=(256, 256), metadata=doc("Hidden layer widths of the Q-network to probe with.")
+    )
+    server: str = field(
+        default="",
+        metadata=doc("host:port of a fedrl server to check (reachability, TLS); empty to skip."),
+    )
+    tls: ConnectionSecurity = field(
+        default_factory=ConnectionSecurity,
+        # The health call the check makes needs no participant credentials.
+        metadata=section("How to reach the server.", omit=("token_file",)),
+    )
+    quick: bool = field(
+        default=False,
+        metadata=doc("A ~3 s probe at fewer settings instead of ~15 s (rougher recommendation)."),
+    )
+    as_json: bool = field(
+        default=False, metadata=doc("Print the report as one JSON object.", flag="--json")
+    )
 
     def __post_init__(self) -> None:
         if any(h <= 0 for h in self.hidden):
             raise ValueError(f"hidden layer sizes must be positive, got {self.hidden}")
-        if self.ca_cert is not None and self.bundle is not None:
-            raise ValueError("give either --bundle or --ca-cert, not both")
-        if self.insecure and (self.ca_cert is not None or self.bundle is not None):
-            raise ValueError("--insecure contradicts --ca-cert/--bundle; drop one of them")
 
     @property
     def probe_s(self) -> float:
@@ -592,9 +596,11 @@ def run_check(config: CheckConfig, *, echo: Callable[[str], None] = lambda _: No
     server = None
     if config.server:
         echo(f"checking {config.server} ...")
-        bundle = ParticipantBundle.read(config.bundle) if config.bundle is not None else None
         server = check_server(
-            config.server, ca_cert=config.ca_cert, insecure=config.insecure, bundle=bundle
+            config.server,
+            ca_cert=config.tls.ca_cert,
+            insecure=config.tls.insecure,
+            bundle=config.tls.read_bundle(),
         )
     probe = make_vector_env(config.env, 1)
     try:
@@ -712,49 +718,15 @@ def render(report: Report) -> str:
     return "\n".join(lines)
 
 
-_HELP = field_docs(CheckConfig)
-_DEFAULTS = CheckConfig()
-
-
-class _Ints(click.ParamType[tuple[int, ...]]):
-    name = "INTS"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, tuple):
-            return value
-        try:
-            return tuple(int(part) for part in str(value).split(",") if part.strip())
-        except ValueError:
-            self.fail(f"expected comma-separated integers such as 256,256, got {value!r}")
-
-
 @click.command("check")
-@click.option("--env", default=_DEFAULTS.env, show_default=True, help=_HELP["env"])
-@click.option("--hidden", type=_Ints(), default="256,256", show_default=True, help=_HELP["hidden"])
-@click.option("--server", default=_DEFAULTS.server, help=_HELP["server"])
-@click.option(
-    "--ca-cert",
-    type=click.Path(path_type=Path, dir_okay=False, exists=True),
-    default=None,
-    help=_HELP["ca_cert"],
-)
-@click.option(
-    "--bundle",
-    type=click.Path(path_type=Path, dir_okay=False, exists=True),
-    default=None,
-    help=_HELP["bundle"],
-)
-@click.option("--insecure/--no-insecure", default=_DEFAULTS.insecure, help=_HELP["insecure"])
-@click.option("--quick/--no-quick", default=_DEFAULTS.quick, help=_HELP["quick"])
-@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
-def check_command(as_json: bool, **options: Any) -> None:
+@takes_config(CheckConfig)
+def check_command(config: CheckConfig) -> None:
     """Report this machine and the server, and recommend settings from a short measured probe."""
     try:
-        config = CheckConfig(**options)
         report = run_check(config, echo=lambda line: click.echo(line, err=True))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
-    if as_json:
+    if config.as_json:
         click.echo(json.dumps(asdict(report), ensure_ascii=False, default=str))
     else:
         click.echo(render(report))

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from fedrl.common.config_cli import doc
 from fedrl.common.identity import id_to_metadata
 from fedrl.common.tls import ParticipantBundle, TlsMaterialError, is_loopback, load_cert
 
@@ -25,6 +27,96 @@ ChannelOptions = Sequence[tuple[str, Any]]
 
 class ChannelSecurityError(ValueError):
     """The requested channel would be less secure than the rules allow."""
+
+
+@dataclass(frozen=True)
+class ConnectionSecurity:
+    """How a participant's command reaches a server: TLS material, a token, or plaintext.
+
+    One section of options shared by every client command that dials a server.
+    """
+
+    ca_cert: Path | None = field(
+        default=None,
+        metadata=doc(
+            "CA certificate (PEM file) that verifies a TLS server (one-way TLS).",
+            path="file",
+            exists=True,
+        ),
+    )
+    bundle: Path | None = field(
+        default=None,
+        metadata=doc(
+            "Participant bundle (PEM file from `fedrl-server issue`) for mutual TLS: its CA "
+            "verifies the server, its certificate is shown to the server.",
+            path="file",
+            exists=True,
+        ),
+    )
+    token_file: Path | None = field(
+        default=None,
+        metadata=doc(
+            "File holding this participant's bearer token (token-mode servers, with "
+            "--ca-cert); never the token itself: the command line is visible in ps.",
+            path="file",
+            exists=True,
+        ),
+    )
+    insecure: bool = field(
+        default=False,
+        metadata=doc(
+            "Allow plaintext to a server that is not on this machine (everything travels readable)."
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        check_security_choice(
+            ca_cert=self.ca_cert is not None,
+            bundle=self.bundle is not None,
+            token=self.token_file is not None,
+            insecure=self.insecure,
+        )
+
+    def read_bundle(self) -> ParticipantBundle | None:
+        """The participant bundle, if one is given (TlsMaterialError if it cannot be used)."""
+        return ParticipantBundle.read(self.bundle) if self.bundle is not None else None
+
+    def read_token(self) -> str | None:
+        """The bearer token from --token-file, if one is given."""
+        if self.token_file is None:
+            return None
+        try:
+            token = self.token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ChannelSecurityError(
+                f"--token-file {self.token_file} cannot be read: {exc}"
+            ) from None
+        if not token:
+            raise ChannelSecurityError(
+                f"--token-file {self.token_file} is empty: it must hold the bearer token"
+            )
+        return token
+
+    def open(self, target: str, *, participant_id: str | None = None) -> grpc.aio.Channel:
+        """A channel to `target` secured as these options say (see open_channel)."""
+        return open_channel(
+            target,
+            ca_cert=self.ca_cert,
+            bundle=self.read_bundle(),
+            token=self.read_token(),
+            insecure=self.insecure,
+            participant_id=participant_id,
+        )
+
+
+def check_security_choice(*, ca_cert: bool, bundle: bool, token: bool, insecure: bool) -> None:
+    """Refuse a combination that could not mean what was asked (ChannelSecurityError)."""
+    if bundle and ca_cert:
+        raise ChannelSecurityError("give either --bundle or --ca-cert, not both")
+    if insecure and (bundle or ca_cert or token):
+        raise ChannelSecurityError(
+            "--insecure contradicts --ca-cert, --bundle and --token-file; drop one of them"
+        )
 
 
 def open_channel(
@@ -50,12 +142,12 @@ def open_channel(
       credentials over secure channels only, and so do we).
     - none of these: plaintext, for a loopback target or with ``insecure``.
     """
-    if bundle is not None and ca_cert is not None:
-        raise ChannelSecurityError("give either a participant bundle or --ca-cert, not both")
-    if insecure and (bundle is not None or ca_cert is not None or token is not None):
-        raise ChannelSecurityError(
-            "--insecure contradicts the TLS material or token given; drop one of them"
-        )
+    check_security_choice(
+        ca_cert=ca_cert is not None,
+        bundle=bundle is not None,
+        token=token is not None,
+        insecure=insecure,
+    )
     if bundle is not None:
         credentials = grpc.ssl_channel_credentials(
             root_certificates=bundle.ca_pem,

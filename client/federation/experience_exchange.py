@@ -37,7 +37,7 @@ import os
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
@@ -55,6 +55,7 @@ from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.replay import PrioritizedReplay, SampledBatch
 from fedrl.client.training.transitions import TransitionBatch
 from fedrl.common.chunking import DEFAULT_CHUNK_BYTES, DecodeLimits
+from fedrl.common.config_cli import doc
 from fedrl.common.errors import DecodeError
 from fedrl.common.experience import BatchAssembler, ExperienceBatch, batch_messages
 from fedrl.common.identity import id_to_metadata, validate_participant_id
@@ -90,14 +91,27 @@ _REFUSED = frozenset(
 class ExchangeConfig:
     """Experience exchange knobs of a participant."""
 
-    foreign_share: float = 0.25
-    """Share of each training batch drawn from foreign transitions; 0 disables exchange."""
-    push_transitions: int = 1024
-    """Most transitions pushed per sync: the newest of those recorded since the last push."""
-    pull_transitions: int = 4096
-    """Foreign transitions asked for per sync."""
-    foreign_capacity: int = 50_000
-    """Foreign transitions the replay keeps, apart from the local ones."""
+    foreign_share: float = field(
+        default=0.25,
+        metadata=doc(
+            "Share of each training batch drawn from other participants' transitions; 0 turns "
+            "experience exchange off."
+        ),
+    )
+    push_transitions: int = field(
+        default=1024,
+        metadata=doc(
+            "Most transitions pushed to the session per sync: the newest of those collected "
+            "since the last push, each pushed once."
+        ),
+    )
+    pull_transitions: int = field(
+        default=4096, metadata=doc("Other participants' transitions asked for per sync.")
+    )
+    foreign_capacity: int = field(
+        default=50_000,
+        metadata=doc("Foreign transitions the replay keeps, apart from the local ones."),
+    )
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.foreign_share < 1.0:

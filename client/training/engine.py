@@ -45,6 +45,7 @@ from fedrl.client.training.replay import Replay
 from fedrl.client.training.shm import BoardLayout, RingLayout, TransitionRing, WeightsBoard
 from fedrl.client.training.transitions import TransitionBatch
 from fedrl.client.training.vector_env import env_shape, make_vector_env
+from fedrl.common.config_cli import doc
 
 
 def available_cores() -> int:
@@ -61,40 +62,70 @@ def default_workers() -> int:
 class EngineConfig:
     """Collection, replay-ratio and evaluation knobs of the engine."""
 
-    env: str = "CartPole-v1"
-    """Gymnasium environment id."""
-    data: str | None = None
-    """A data file the environment reads (e.g. OHLCV bars for fedrl/Trading-v0)."""
-    workers: int = field(default_factory=default_workers)
-    """Actor processes; 0 runs the actor in the learner's process. Default: cores − 1."""
-    envs_per_worker: int = 16
-    """Envs each actor steps as one batch."""
-    n_step: int = 3
-    """Rewards summed into each transition before bootstrapping."""
-    exploration_base: float = 0.4
-    """Ape-X ε_i = base^(1 + alpha·i/(N−1)) over all N envs."""
-    exploration_alpha: float = 7.0
-    """Ape-X exponent spread: the greediest env gets base^(1 + alpha)."""
-    replay_ratio: float = 0.5
-    """Gradient updates per env step (Fedus et al. 2020); SB3's CartPole zoo setting is 0.5."""
-    steps_per_slot: int = 8
-    """Vector steps an actor collects before handing its slot to the learner."""
-    slots_per_worker: int = 4
-    """Shared-memory slots per actor: how far collection may run ahead of the learner."""
-    weights_interval: int = 16
-    """Updates between publishing the learner's weights to the actors."""
-    eval_interval: int = 5_000
-    """Env steps between greedy evaluations; 0 disables evaluation."""
-    eval_episodes: int = 10
-    """Episodes per evaluation, played at once on envs of their own."""
-    eval_max_steps: int = 100_000
-    """Step cap per evaluation, for envs without a time limit."""
-    max_actor_restarts: int = 3
-    """Restarts of dead actors before the run stops with an error."""
-    learner_threads: int = 1
-    """torch intra-op threads of the learner's process; actors use one each."""
-    seed: int = 0
-    """Root of every seed stream: actors, envs, evaluation and the learner."""
+    env: str = field(default="CartPole-v1", metadata=doc("Gymnasium environment id."))
+    data: str | None = field(
+        default=None,
+        metadata=doc(
+            "A data file the environment reads (e.g. OHLCV bars for fedrl/Trading-v0).",
+            path="file",
+            exists=True,
+        ),
+    )
+    workers: int = field(
+        default_factory=default_workers,
+        metadata=doc(
+            "Actor processes; 0 runs the actor in the learner's process. Default: cores − 1."
+        ),
+    )
+    envs_per_worker: int = field(default=16, metadata=doc("Envs each actor steps as one batch."))
+    n_step: int = field(
+        default=3, metadata=doc("Rewards summed into each transition before bootstrapping.")
+    )
+    exploration_base: float = field(
+        default=0.4, metadata=doc("Ape-X ε_i = base^(1 + alpha·i/(N−1)) over all N envs.")
+    )
+    exploration_alpha: float = field(
+        default=7.0, metadata=doc("Ape-X exponent spread: the greediest env gets base^(1 + alpha).")
+    )
+    replay_ratio: float = field(
+        default=0.5,
+        metadata=doc(
+            "Gradient updates per env step (Fedus et al. 2020); SB3's CartPole zoo setting is 0.5."
+        ),
+    )
+    steps_per_slot: int = field(
+        default=8,
+        metadata=doc("Vector steps an actor collects before handing its slot to the learner."),
+    )
+    slots_per_worker: int = field(
+        default=4,
+        metadata=doc(
+            "Shared-memory slots per actor: how far collection may run ahead of the learner."
+        ),
+    )
+    weights_interval: int = field(
+        default=16, metadata=doc("Updates between publishing the learner's weights to the actors.")
+    )
+    eval_interval: int = field(
+        default=5_000, metadata=doc("Env steps between greedy evaluations; 0 disables evaluation.")
+    )
+    eval_episodes: int = field(
+        default=10, metadata=doc("Episodes per evaluation, played at once on envs of their own.")
+    )
+    eval_max_steps: int = field(
+        default=100_000, metadata=doc("Step cap per evaluation, for envs without a time limit.")
+    )
+    max_actor_restarts: int = field(
+        default=3, metadata=doc("Restarts of dead actors before the run stops with an error.")
+    )
+    learner_threads: int = field(
+        default=1,
+        metadata=doc("torch intra-op threads of the learner's process; actors use one each."),
+    )
+    seed: int = field(
+        default=0,
+        metadata=doc("Root of every seed stream: actors, envs, evaluation and the learner."),
+    )
 
     def __post_init__(self) -> None:
         at_least = {

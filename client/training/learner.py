@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -20,6 +20,7 @@ from torch import nn
 from fedrl.client.training.q_network import build_q_network, load_named_arrays, named_arrays
 from fedrl.client.training.replay import PrioritizedReplay, Replay, SampledBatch
 from fedrl.client.training.transitions import TransitionBatch
+from fedrl.common.config_cli import doc
 
 STATE_FORMAT = 1
 """Version of ``Learner.state_dict()``'s layout; bumped on any change to it."""
@@ -46,52 +47,79 @@ class LearnerConfig:
     the clip is insurance that costs nothing on CartPole.
     """
 
-    lr: float = 1e-3
-    """Adam learning rate."""
-    gamma: float = 0.99
-    """Per-step discount; the n-step accumulator bakes it into each batch's discount."""
-    batch_size: int = 64
-    """Transitions per gradient step."""
-    double_dqn: bool = True
-    """Pick the next action with the online net, value it with the target net."""
-    dueling: bool = True
-    """Separate value and advantage heads."""
-    hidden: tuple[int, ...] = (256, 256)
-    """Hidden layer widths of the Q-network MLP."""
-    prioritized: bool = True
-    """Prioritized replay; False samples uniformly."""
-    alpha: float = 0.6
-    """Priority exponent: 0 is uniform, 1 is fully proportional to |TD error|."""
-    beta0: float = 0.4
-    """Initial importance-sampling exponent, annealed linearly to 1."""
-    beta_anneal_updates: int = 20_000
-    """Updates over which beta goes from beta0 to 1."""
-    priority_eps: float = 1e-6
-    """Added to |TD error| so no transition's priority is ever zero."""
-    huber_delta: float | None = 1.0
-    """Huber loss threshold; None for the plain squared error."""
-    grad_clip_norm: float | None = 10.0
-    """Clip the global gradient norm to this; None to not clip."""
-    target_update: Literal["hard", "polyak"] = "hard"
-    """Copy the online net into the target ("hard") or move it by polyak_tau."""
-    target_update_interval: int = 500
-    """Updates between target-network updates."""
-    polyak_tau: float = 0.005
-    """Fraction of the way the target moves toward the online net per polyak update."""
-    replay_capacity: int = 100_000
-    """Transitions the replay holds before overwriting the oldest."""
-    learning_starts: int = 1_000
-    """Transitions in replay before training may start."""
-    sample_block: int = 4
-    """Updates drawn (and their priorities written back) together: fewer host syncs."""
-    device: str = "auto"
-    """"auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N"."""
-    amp: bool = True
-    """bfloat16 autocast for the forward passes on CUDA; ignored on CPU."""
-    compile: bool = False
-    """torch.compile the loss computation."""
-    seed: int = 0
-    """Seeds network initialisation and replay sampling."""
+    lr: float = field(default=1e-3, metadata=doc("Adam learning rate."))
+    gamma: float = field(
+        default=0.99,
+        metadata=doc(
+            "Per-step discount; the n-step accumulator bakes it into each batch's discount."
+        ),
+    )
+    batch_size: int = field(default=64, metadata=doc("Transitions per gradient step."))
+    double_dqn: bool = field(
+        default=True,
+        metadata=doc("Pick the next action with the online net, value it with the target net."),
+    )
+    dueling: bool = field(default=True, metadata=doc("Separate value and advantage heads."))
+    hidden: tuple[int, ...] = field(
+        default=(256, 256), metadata=doc("Hidden layer widths of the Q-network MLP.")
+    )
+    prioritized: bool = field(
+        default=True, metadata=doc("Prioritized replay; False samples uniformly.")
+    )
+    alpha: float = field(
+        default=0.6,
+        metadata=doc("Priority exponent: 0 is uniform, 1 is fully proportional to |TD error|."),
+    )
+    beta0: float = field(
+        default=0.4, metadata=doc("Initial importance-sampling exponent, annealed linearly to 1.")
+    )
+    beta_anneal_updates: int = field(
+        default=20_000, metadata=doc("Updates over which beta goes from beta0 to 1.")
+    )
+    priority_eps: float = field(
+        default=1e-6, metadata=doc("Added to |TD error| so no transition's priority is ever zero.")
+    )
+    huber_delta: float | None = field(
+        default=1.0, metadata=doc("Huber loss threshold; none for the plain squared error.")
+    )
+    grad_clip_norm: float | None = field(
+        default=10.0, metadata=doc("Clip the global gradient norm to this; none to not clip.")
+    )
+    target_update: Literal["hard", "polyak"] = field(
+        default="hard",
+        metadata=doc('Copy the online net into the target ("hard") or move it by polyak_tau.'),
+    )
+    target_update_interval: int = field(
+        default=500, metadata=doc("Updates between target-network updates.")
+    )
+    polyak_tau: float = field(
+        default=0.005,
+        metadata=doc(
+            "Fraction of the way the target moves toward the online net per polyak update."
+        ),
+    )
+    replay_capacity: int = field(
+        default=100_000, metadata=doc("Transitions the replay holds before overwriting the oldest.")
+    )
+    learning_starts: int = field(
+        default=1_000, metadata=doc("Transitions in replay before training may start.")
+    )
+    sample_block: int = field(
+        default=4,
+        metadata=doc(
+            "Updates drawn (and their priorities written back) together: fewer host syncs."
+        ),
+    )
+    device: str = field(
+        default="auto",
+        metadata=doc('"auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N".'),
+    )
+    amp: bool = field(
+        default=True,
+        metadata=doc("bfloat16 autocast for the forward passes on CUDA; ignored on CPU."),
+    )
+    compile: bool = field(default=False, metadata=doc("torch.compile the loss computation."))
+    seed: int = field(default=0, metadata=doc("Seeds network initialisation and replay sampling."))
 
     def __post_init__(self) -> None:
         positive = {
