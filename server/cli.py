@@ -2,7 +2,7 @@
 
 `fedrl-server [OPTIONS]` serves, exactly as `fedrl-server serve [OPTIONS]`:
 the Federation and ExperienceExchange services, one option per ServerConfig
-field. `fedrl-server status` prints the state database as tables,
+field. `fedrl-server status` prints the state database as tables (or JSON),
 also while the server runs. The TLS commands join through `main.add_command`.
 Every command's options come from its config dataclass (fedrl.common.config_cli).
 """
@@ -22,6 +22,7 @@ import grpc
 
 from fedrl.common.config_cli import doc, refuse_options_before_a_command, section, takes_config
 from fedrl.common.identity import id_to_metadata
+from fedrl.common.status_file import ALL_VERSIONS, status_to_json
 from fedrl.common.status_table import render_status
 from fedrl.common.tls import ParticipantBundle, TlsMaterialError
 from fedrl.proto.v1 import federation_pb2 as pb
@@ -107,7 +108,20 @@ class StatusConfig:
         default=_DEFAULTS.data_dir, metadata=doc("The server's data directory.", path="dir")
     )
     session: str = field(default="", metadata=doc("Only this session (default: all)."))
-    versions: int = field(default=10, metadata=doc("Newest versions to list."))
+    versions: int = field(
+        default=10, metadata=doc("Newest versions to list; 0 lists every version.")
+    )
+    json: bool = field(
+        default=False,
+        metadata=doc(
+            "Print the status as JSON, the form of the data dir's global_state.json; "
+            "`fedrl-client plot --server FILE` draws the global model from it."
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.versions < 0:
+            raise ValueError(f"versions must be >= 0 (0: every version), got {self.versions}")
 
 
 @main.command("status")
@@ -121,12 +135,14 @@ def status_command(config: StatusConfig) -> None:
             f"no server state in {config.data_dir}: start fedrl-server there, or pass --data-dir"
         ) from None
     try:
-        reply = db.status(config.session or None, config.versions, int(time.time() * 1000))
+        reply = db.status(
+            config.session or None, config.versions or ALL_VERSIONS, int(time.time() * 1000)
+        )
     finally:
         db.close()
     if config.session and not reply.sessions:
         raise click.ClickException(f"no session named {config.session!r} in {config.data_dir}")
-    click.echo(render_status(reply))
+    click.echo(status_to_json(reply) if config.json else render_status(reply))
 
 
 @dataclass(frozen=True)

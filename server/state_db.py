@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from google.protobuf import json_format
-
+from fedrl.common.status_file import status_to_json
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
 from fedrl.server.experience_store import last_acknowledged, participant_counts
@@ -567,15 +566,7 @@ def _insert_ack(db: sqlite3.Connection, ack: AckRow) -> AckRow | None:
 
 def write_json_atomically(path: Path, reply: pb.StatusReply) -> None:
     """Replace `path` with the status as JSON; readers see the old or the new file, never half."""
-    # Field names as in the .proto and zeros spelled out: people read this file.
-    text = json_format.MessageToJson(
-        reply,
-        ensure_ascii=False,
-        indent=2,
-        preserving_proto_field_name=True,
-        always_print_fields_with_no_presence=True,
-        unquote_int64_if_possible=True,
-    )
+    text = status_to_json(reply)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import subprocess
 import sys
@@ -35,6 +36,36 @@ def test_server_side_imports_no_torch() -> None:
     )
 
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_client_imports_nothing_from_the_server() -> None:
+    # prepare: every import statement under client/, lazy ones in functions included
+    written = []
+    for path in sorted((ROOT / "client").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                written += [(path.name, node.module)]
+            elif isinstance(node, ast.Import):
+                written += [(path.name, alias.name) for alias in node.names]
+    # ... and what importing every client module loads, through common/ or anywhere else
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import fedrl.client\n"
+        "for m in pkgutil.walk_packages(fedrl.client.__path__, 'fedrl.client.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('fedrl.server')))\n"
+    )
+
+    # act
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
+
+    # assert
+    assert len(written) > 100, "the walk found the client's imports"
+    assert [(f, m) for f, m in written if m.startswith(("fedrl.server", "server"))] == []
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
 def test_console_scripts_print_help() -> None:

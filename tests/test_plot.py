@@ -24,7 +24,9 @@ from fedrl.client.commands.plot import (
 from fedrl.client.commands.state_dir import Autosaver, ModelIdentity, StateDir
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
+from fedrl.common.status_file import status_to_json
 from fedrl.proto.v1 import federation_pb2 as pb
+from fedrl.server.cli import main as fedrl_server
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -189,8 +191,16 @@ def test_plot_draws_the_global_model_per_version_from_the_server_state(tmp_path:
             wait_for_version(stub, version)
         out = tmp_path / "png"
 
+        # The operator's way: the server's status as a file, every version in it.
+        exported = CliRunner().invoke(
+            fedrl_server,
+            ["status", "--data-dir", str(config.data_dir), "--versions", "0", "--json"],
+        )
+        assert exported.exit_code == 0, exported.output
+        status_file = tmp_path / "status.json"
+        status_file.write_text(exported.stdout, encoding="utf-8")
         from_data_dir, missing, log = plot(
-            PlotConfig(state_dir=tmp_path / "none", server=str(config.data_dir), out=out / "dir")
+            PlotConfig(state_dir=tmp_path / "none", server=str(status_file), out=out / "dir")
         )
         result = CliRunner().invoke(
             plot_command,
@@ -306,3 +316,47 @@ def test_step_rates_leave_out_the_pause_of_a_stopped_run() -> None:
     _, rate = step_rates(times, steps, bins=10)
 
     np.testing.assert_allclose(rate, [100.0, 100.0, 100.0])
+
+
+def test_a_server_data_dir_is_refused_with_the_command_that_exports_its_status(
+    tmp_path: Path,
+) -> None:
+    result = CliRunner().invoke(
+        plot_command, ["--state-dir", str(tmp_path / "none"), "--server", str(tmp_path)]
+    )
+
+    assert result.exit_code == 1
+    assert f"fedrl-server status --data-dir {tmp_path} --versions 0 --json" in result.output
+
+
+def test_a_status_file_plots_only_the_session_asked_for(tmp_path: Path) -> None:
+    # prepare
+    versions = [pb.VersionState(version=v, contributors=["Макар"]) for v in range(3)]
+    reply = pb.StatusReply(
+        sessions=[pb.SessionState(session=name, versions=versions) for name in ("a", "b")]
+    )
+    status = tmp_path / "status.json"
+    status.write_text(status_to_json(reply), encoding="utf-8")
+    args = ["--state-dir", str(tmp_path / "none"), "--server", str(status), "--out", str(tmp_path)]
+
+    # act
+    only_b = CliRunner().invoke(plot_command, [*args, "--session", "b"])
+    missing = CliRunner().invoke(plot_command, [*args, "--session", "c"])
+
+    # assert
+    assert only_b.exit_code == 0, only_b.output
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["global-b.png"]
+    assert missing.exit_code == 1
+    assert "no session named 'c'" in missing.output
+
+
+def test_a_file_that_is_not_a_status_says_what_writes_one(tmp_path: Path) -> None:
+    status = tmp_path / "status.json"
+    status.write_text('{"sessions": 3}', encoding="utf-8")
+
+    result = CliRunner().invoke(
+        plot_command, ["--state-dir", str(tmp_path / "none"), "--server", str(status)]
+    )
+
+    assert result.exit_code == 1
+    assert "`fedrl-server status --json` writes one" in result.output

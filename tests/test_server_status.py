@@ -7,7 +7,9 @@ import dataclasses
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,6 +26,7 @@ from server_harness import (
     server_config,
 )
 
+from fedrl.common.status_file import read_status_file
 from fedrl.common.status_table import display_width, render_status
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.server.app import InsecureAddressError, run_server
@@ -180,3 +183,45 @@ def test_serve_options_before_a_command_are_refused_not_ignored(tmp_path: Path) 
 
     assert result.exit_code == 2
     assert "--port before `status`" in result.output
+
+
+def status_once_made(stub: Any, version: int) -> pb.StatusReply:
+    """Aggregation is asynchronous: the status once `version` is committed."""
+    deadline = time.monotonic() + 60
+    while True:
+        reply = stub.Status(pb.StatusRequest(max_versions=100), timeout=30)
+        if reply.sessions[0].current_version >= version:
+            return reply  # type: ignore[no-any-return]
+        assert time.monotonic() < deadline, f"version {version} was never made"
+        time.sleep(0.05)
+
+
+def test_status_as_json_lists_every_version_for_the_plot(tmp_path: Path) -> None:
+    # prepare
+    config = server_config(tmp_path / "data", buffer_size=1)
+    with InProcessServer(config) as server:
+        stub = server.stub()
+        join(stub, "Макар", SPEC)
+        seed(stub, "Макар", SPEC, [np.zeros(4, np.float32)])
+        for sequence in range(1, 4):
+            push(stub, "Макар", SPEC, [np.ones(4, np.float32)], sequence=sequence, base_version=0)
+        served = status_once_made(stub, 3)
+
+        # act
+        runs = {
+            versions: CliRunner().invoke(
+                main,
+                ["status", "--data-dir", str(config.data_dir), "--versions", versions, "--json"],
+            )
+            for versions in ("0", "2")
+        }
+
+    # assert
+    listed = {}
+    for versions, result in runs.items():
+        assert result.exit_code == 0, result.output
+        path = tmp_path / f"status-{versions}.json"
+        path.write_text(result.stdout, encoding="utf-8")
+        listed[versions] = [v.version for v in read_status_file(path).sessions[0].versions]
+    assert listed["0"] == [v.version for v in served.sessions[0].versions] == [3, 2, 1, 0]
+    assert listed["2"] == [3, 2]

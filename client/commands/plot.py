@@ -13,9 +13,10 @@ JSON object per line with a `kind`:
 Any record with a finite `loss` contributes to the loss curve, and env
 steps/s is derived from consecutive (`time`, `env_steps`) pairs, so the
 plots need no field beyond these. The global curve (evaluation return of
-each global version, its contributors marked) comes from the server's state
-database, read-only, so it also works while the server runs, or from the
-server's Status call, as a participant.
+each global version, its contributors marked) comes from the server's Status
+call, as a participant, or from a status file the server's operator writes
+with `fedrl-server status --json` (also while the server runs). The client
+never reads the server's database: its layout is the server's own.
 
 matplotlib is an optional extra (`pip install 'fedrl[plot]'`); it is
 imported only here, through its object API (no pyplot global state).
@@ -26,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +40,7 @@ from fedrl.client.federation.channel import ConnectionSecurity
 from fedrl.client.federation.federation_client import FederationClient, FederationError
 from fedrl.common.config_cli import doc, section, takes_config
 from fedrl.common.identity import safe_dirname, validate_participant_id
+from fedrl.common.status_file import ALL_VERSIONS, read_status_file
 from fedrl.proto.v1 import federation_pb2 as pb
 
 if TYPE_CHECKING:
@@ -86,8 +87,8 @@ class PlotConfig:
     server: str = field(
         default="",
         metadata=doc(
-            "For the global model's curve: the server's address host:port (Status call), or its "
-            "data dir on this machine (read-only)."
+            "For the global model's curve: the server's address host:port (Status call), or a "
+            "status file written by `fedrl-server status --versions 0 --json` (every version)."
         ),
     )
     session: str = field(
@@ -232,15 +233,32 @@ def resolve_participant_dir(state_dir: Path, participant_id: str) -> Path | None
     return found[0] if found else None
 
 
-ALL_VERSIONS = 2**31 - 1
-"""Status lists this many newest versions at most: all of them, for a whole curve."""
-
-
 def server_status(config: PlotConfig) -> pb.StatusReply:
-    """The server's status with every version, from its data dir or over the network."""
-    if Path(config.server).is_dir():
-        return read_server_status(Path(config.server), config.session)
+    """The server's status with every version, from a status file or over the network."""
+    path = Path(config.server)
+    if path.is_dir():
+        # The database is the server's own; its status as a file travels and keeps its form.
+        raise PlotError(
+            f"--server {path} is a directory; plot reads a server's status, not its database: "
+            f"run `fedrl-server status --data-dir {path} --versions 0 --json > status.json` "
+            "and pass --server status.json"
+        )
+    if path.is_file():
+        return _only_session(read_status_file(path), config.session, f"--server {path}")
     return asyncio.run(_fetch_status(config))
+
+
+def _only_session(reply: pb.StatusReply, session: str, source: str) -> pb.StatusReply:
+    if not session:
+        return reply
+    kept = [s for s in reply.sessions if s.session == session]
+    if not kept:
+        raise PlotError(f"{source}: no session named {session!r}")
+    only = pb.StatusReply()
+    only.CopyFrom(reply)
+    del only.sessions[:]
+    only.sessions.extend(kept)  # copies: `kept` still belongs to `reply`
+    return only
 
 
 async def _fetch_status(config: PlotConfig) -> pb.StatusReply:
@@ -259,25 +277,6 @@ async def _fetch_status(config: PlotConfig) -> pb.StatusReply:
         raise PlotError(f"--server {config.server}: {exc}") from exc
     finally:
         await channel.close()
-
-
-def read_server_status(data_dir: Path, session: str) -> pb.StatusReply:
-    """Every version of the server's sessions, from its state database, read-only."""
-    # Imported here: only this path needs the server's code.
-    from fedrl.server.session import DB_FILE  # noqa: PLC0415
-    from fedrl.server.state_db import StateDB  # noqa: PLC0415
-
-    try:
-        db = StateDB(data_dir / DB_FILE, read_only=True)
-    except FileNotFoundError:
-        raise PlotError(f"--server {data_dir}: no fedrl server state there ({DB_FILE})") from None
-    try:
-        reply = db.status(session or None, ALL_VERSIONS, int(time.time() * 1000))
-    finally:
-        db.close()
-    if session and not reply.sessions:
-        raise PlotError(f"--server {data_dir}: no session named {session!r}")
-    return reply
 
 
 # The figures. Each returns None when its data is missing, so a fresh
