@@ -8,14 +8,17 @@ options and fields match one to one.
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from fedrl.common.config_cli import doc
 from fedrl.common.identity import validate_participant_id
 from fedrl.server.limits import LimitsConfig
 
-STRATEGIES = ("mean", "trimmed_mean", "median")
+Strategy = Literal["mean", "trimmed_mean", "median"]
+STRATEGIES: tuple[Strategy, ...] = typing.get_args(Strategy)
 _LIMITS = LimitsConfig()
 
 
@@ -65,7 +68,7 @@ class ServerConfig:
             "Acknowledged updates not yet in a version; beyond it pushes wait (bounds memory)."
         ),
     )
-    strategy: str = field(
+    strategy: Strategy = field(
         default="mean", metadata=doc(f"Aggregation strategy: {', '.join(STRATEGIES)}.")
     )
     trim_fraction: float = field(
