@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
-import tempfile
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,7 +28,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from fedrl.common.durable_files import fsync_directory
+from fedrl.common.durable_files import write_atomically
 from fedrl.common.identity import validate_participant_id
 
 PARTICIPANT_URI_PREFIX = "fedrl:participant:"
@@ -318,17 +316,7 @@ def write_private(path: Path, data: bytes) -> None:
     """
     path = Path(path)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_directory(path.parent)
+    write_atomically(path, lambda file: file.write(data), mode=0o600)
 
 
 def is_loopback(host: str) -> bool:

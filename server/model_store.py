@@ -27,10 +27,7 @@ directory.
 
 from __future__ import annotations
 
-import os
 import re
-import secrets
-import threading
 import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -38,21 +35,16 @@ from typing import BinaryIO
 
 import numpy as np
 
-from fedrl.common.durable_files import fsync_directory
+from fedrl.common.durable_files import (
+    fsync_directory,
+    remove_abandoned_temp_files,
+    write_atomically,
+)
 
 _VERSION_FILE = re.compile(r"v(\d{8,})\.npz")
-# .v00000012.npz.<writer pid>.<random>.tmp
-_TEMP_FILE = re.compile(r"\.v\d{8,}\.npz\.(\d+)\.[0-9a-f]+\.tmp")
 # ZIP cannot store dates before 1980; any fixed date makes the bytes reproducible.
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 _NPY_SUFFIX = ".npy"
-
-# Temporary files being written by stores in this process. Another store on
-# the same directory (say, one listing versions for a Status call) must not
-# delete them as crash leftovers while their write is under way; other
-# processes' files are left alone while that process lives.
-_in_flight: set[Path] = set()
-_in_flight_lock = threading.Lock()
 
 
 class ModelStore:
@@ -106,21 +98,9 @@ class ModelStore:
                 f"version {number} is already stored at {target} with different content; "
                 "versions are immutable"
             )
-        temp = self._root / f".{target.name}.{os.getpid()}.{secrets.token_hex(8)}.tmp"
-        with _in_flight_lock:
-            _in_flight.add(temp)
-        try:
-            with open(temp, "xb") as file:
-                _write_npz(file, items)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temp, target)
-        finally:
-            temp.unlink(missing_ok=True)
-            with _in_flight_lock:
-                _in_flight.discard(temp)
-        # The rename is durable only once the directory entry is on disk.
-        fsync_directory(self._root)
+        # A unique temporary name: another store on this folder (one listing
+        # versions for a Status call, say) leaves a write under way alone.
+        write_atomically(target, lambda file: _write_npz(file, items), unique=True)
         return target
 
     def load(self, version: int) -> list[tuple[str, np.ndarray]]:
@@ -187,24 +167,7 @@ class ModelStore:
 
     def _remove_temp_files(self) -> None:
         """Delete temporary files whose write can no longer finish."""
-        with _in_flight_lock:
-            for entry in self._root.iterdir():
-                match = _TEMP_FILE.fullmatch(entry.name)
-                if match and _abandoned(entry, int(match[1])):
-                    entry.unlink(missing_ok=True)
-
-
-def _abandoned(temp: Path, pid: int) -> bool:
-    """True when no writer is left for `temp`: its process died, or ours is not writing it."""
-    if pid == os.getpid():
-        return temp not in _in_flight
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except (ProcessLookupError, OverflowError):
-        return True
-    except PermissionError:
-        return False  # alive, under another user
-    return False
+        remove_abandoned_temp_files(self._root, _VERSION_FILE)
 
 
 def _write_npz(file: BinaryIO, tensors: list[tuple[str, np.ndarray]]) -> None:

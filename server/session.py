@@ -25,12 +25,14 @@ import contextlib
 import functools
 import logging
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedrl.common.durable_files import remove_abandoned_temp_files
 from fedrl.common.identity import safe_dirname, validate_participant_id
 from fedrl.common.spec import spec_difference, spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
@@ -214,6 +216,8 @@ class Federation:
         the one config.strategy names (e.g. a custom robust aggregator).
         """
         config.data_dir.mkdir(parents=True, exist_ok=True)
+        # What a crash in the middle of a rewrite of global_state.json left.
+        remove_abandoned_temp_files(config.data_dir, re.compile(re.escape(GLOBAL_STATE_FILE)))
         runner = DbRunner(await asyncio.to_thread(StateDB, config.data_dir / DB_FILE))
         federation = cls(config, runner, strategy=strategy)
         await runner(lambda db: db.save_session_config(federation.session_config()))

@@ -18,9 +18,7 @@ import asyncio
 import dataclasses
 import functools
 import json
-import os
 import sqlite3
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -28,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from fedrl.common.durable_files import write_atomically
 from fedrl.common.status_file import status_to_json
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
@@ -565,18 +564,13 @@ def _insert_ack(db: sqlite3.Connection, ack: AckRow) -> AckRow | None:
 
 
 def write_json_atomically(path: Path, reply: pb.StatusReply) -> None:
-    """Replace `path` with the status as JSON; readers see the old or the new file, never half."""
-    text = status_to_json(reply)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Replace `path` with the status as JSON; readers see the old or the new file, never half.
+
+    Unique temporary names: a rewrite still running on a worker thread when
+    the server's last one starts (at shutdown) must not share its file.
+    """
+    data = (status_to_json(reply) + "\n").encode("utf-8")
+    write_atomically(path, lambda file: file.write(data), unique=True)
 
 
 class DbRunner:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import math
-import os
 import re
 import warnings
 import zipfile
@@ -32,6 +31,7 @@ from torch import nn
 from fedrl.client.training.q_network import build_q_network, load_named_arrays
 from fedrl.client.training.vector_env import env_shape, make_vector_env
 from fedrl.common.config_cli import doc, takes_config
+from fedrl.common.durable_files import replacing
 
 Format = Literal["onnx", "torchscript"]
 NamedArrays = list[tuple[str, npt.NDArray[Any]]]
@@ -360,8 +360,8 @@ def export_model(config: ExportConfig) -> ExportReport:
         original = net(torch.from_numpy(observations)).numpy()
 
     config.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = config.out.with_name(f".{config.out.name}.{os.getpid()}.tmp")
-    try:
+    # Checked in its temporary place: a file that fails the comparison never replaces `out`.
+    with replacing(config.out, unique=True) as tmp:
         example = torch.from_numpy(observations[:1])
         if config.format == "onnx":
             write_onnx(net, example, tmp)
@@ -370,9 +370,6 @@ def export_model(config: ExportConfig) -> ExportReport:
             write_torchscript(net, example, tmp)
             run, runtime = torchscript_runner(tmp)
         near_ties, max_diff = compare_actions(original, run(observations))
-        os.replace(tmp, config.out)
-    finally:
-        tmp.unlink(missing_ok=True)
     return ExportReport(
         out=config.out,
         format=config.format,
