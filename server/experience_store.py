@@ -1,7 +1,8 @@
 """A session's bounded, durable store of experience batches: segment files + a SQLite index.
 
-Batches are appended to segment files as framed records (magic, length,
-CRC-32, payload) and indexed in SQLite; the index row is the commit point.
+Batches are appended to segment files as records framed as
+fedrl.server.record_frames says (magic b"FXB3", numbered by batch id) and
+indexed in SQLite; the index row is the commit point.
 A payload is the batch header (with its column specs) and the encoded block,
 as a pull sends them: serving a batch re-encodes it only to cut it to a
 budget or to send it uncompressed.
@@ -35,7 +36,6 @@ import logging
 import os
 import sqlite3
 import struct
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,16 +47,13 @@ from google.protobuf.message import DecodeError as ProtobufDecodeError
 from fedrl.common.durable_files import fsync_directory
 from fedrl.proto.v1 import experience_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
+from fedrl.server.record_frames import RecordFrames
 
 log = logging.getLogger(__name__)
 
-# FXB2: a batch's columns as one block (header with column specs, block
-# header, block bytes). FXB1 held one tensor per column: segments in it are
-# dropped whole at open, with a warning, never served or misread.
-_MAGIC = b"FXB2"
-_FORMER_MAGICS = frozenset({b"FXB1"})
-# magic, payload length, CRC-32 of the payload.
-_FRAME = struct.Struct("<4sII")
+# A payload is a batch's columns as one block: header with column specs,
+# block header, block bytes.
+_FRAMES = RecordFrames(b"FXB3")
 _LENGTH = struct.Struct("<I")
 _SEGMENT_SUFFIX = ".seg"
 
@@ -238,7 +235,7 @@ class ExperienceStore:
         stored.CopyFrom(header)
         stored.session = self._session
         stored.cursor = batch_id
-        record = _frame(_payload(stored, batch.block, batch.data))
+        record = _FRAMES.frame(_payload(stored, batch.block, batch.data), batch_id)
         if len(record) > self._config.participant_quota_bytes:
             raise BatchTooLargeError(
                 f"batch takes {len(record)} bytes stored, more than the per-participant quota "
@@ -489,9 +486,9 @@ class ExperienceStore:
             with self._path(row.segment).open("rb") as handle:
                 handle.seek(row.offset)
                 data = handle.read(row.length)
-            payload = _unframe(data)
-            if payload is None or len(data) != row.length:
-                raise ValueError("frame or checksum does not match")
+            payload = _FRAMES.payload(data, row.batch_id)
+            if payload is None:
+                raise ValueError("frame, batch id or checksum does not match")
             return _parse_payload(payload)
         except (OSError, ValueError, ProtobufDecodeError) as exc:
             log.error(
@@ -523,18 +520,7 @@ class ExperienceStore:
             if committed == 0:
                 path.unlink()
                 continue
-            if _magic(path) in _FORMER_MAGICS:
-                log.warning(
-                    "experience segment %s holds batches of a former format; dropping it", path
-                )
-                with self._transaction() as db:
-                    db.execute(
-                        "DELETE FROM experience_batches WHERE session=? AND segment=?",
-                        (self._session, segment),
-                    )
-                path.unlink()
-                continue
-            intact = _intact_end(path)
+            intact, _, _ = _FRAMES.scan(path.read_bytes(), 0)
             if intact < committed:
                 # Committed records are fsynced before their row: this is disk damage.
                 log.error(
@@ -643,43 +629,3 @@ def _read_prefixed(view: memoryview, position: int) -> tuple[bytes, int]:
     if start + length > len(view):
         raise ValueError("record ends inside a message")
     return bytes(view[start : start + length]), start + length
-
-
-def _frame(payload: bytes) -> bytes:
-    return _FRAME.pack(_MAGIC, len(payload), zlib.crc32(payload)) + payload
-
-
-def _unframe(data: bytes) -> bytes | None:
-    """The payload of one whole frame, or None if it is torn or its checksum fails."""
-    if len(data) < _FRAME.size:
-        return None
-    magic, length, crc = _FRAME.unpack_from(data)
-    payload = data[_FRAME.size : _FRAME.size + length]
-    if magic != _MAGIC or len(payload) != length or zlib.crc32(payload) != crc:
-        return None
-    return payload
-
-
-def _magic(path: Path) -> bytes:
-    """The magic of a segment's first record."""
-    with path.open("rb") as handle:
-        return handle.read(len(_MAGIC))
-
-
-def _intact_end(path: Path) -> int:
-    """Byte offset where the run of intact frames from the file's start ends."""
-    end = 0
-    size = path.stat().st_size
-    with path.open("rb") as handle:
-        while True:
-            head = handle.read(_FRAME.size)
-            if len(head) < _FRAME.size:
-                return end
-            magic, length, crc = _FRAME.unpack(head)
-            # A torn header may claim gigabytes: never read past the file.
-            if length > size - end - _FRAME.size:
-                return end
-            payload = handle.read(length)
-            if magic != _MAGIC or len(payload) != length or zlib.crc32(payload) != crc:
-                return end
-            end += _FRAME.size + length

@@ -24,13 +24,9 @@ Segment header, 24 bytes::
     first_lsn u64  equal to the file name's number
     crc       u32  CRC-32 of the 20 bytes above
 
-Then records, back to back::
+Then records, back to back, framed as fedrl.server.record_frames says
+(magic b"FRec", the record's number is its LSN), each payload holding::
 
-    magic     4s   b"FRec" (lets a reader tell a torn tail from mid-log damage)
-    length    u32  payload bytes
-    lsn       u64
-    crc       u32  CRC-32 of the payload followed by the length and lsn fields
-    payload   length bytes:
       base_version i64, sequence u64, samples u64, env_steps u64, episodes u64,
       weight f64, staleness u32, received_unix_ms i64,
       session, participant_id, metrics: each u32 byte count + UTF-8
@@ -76,6 +72,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from fedrl.common.durable_files import fsync_directory
+from fedrl.server.record_frames import FRAME_HEADER_SIZE, MAX_PAYLOAD, RecordFrames
 
 _log = logging.getLogger(__name__)
 
@@ -85,16 +82,12 @@ _SEGMENT_MAGIC = b"FEDRLWAL"
 _FORMAT = 1
 _SEGMENT_HEAD = struct.Struct("<8sIQ")
 _SEGMENT_HEADER_SIZE = _SEGMENT_HEAD.size + 4
-_RECORD_MAGIC = b"FRec"
-_FRAME = struct.Struct("<4sIQI")
-_LENGTH_LSN = struct.Struct("<IQ")
+_FRAMES = RecordFrames(b"FRec")
 _FIXED = struct.Struct("<qQQQQdIq")
 _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _MAX_NDIM = 64
-# The frame's length field is a u32.
-_MAX_PAYLOAD = (1 << 32) - 1
 
 # Tensor encodings; see the module docstring.
 _FLOAT32, _BFLOAT16_BITS, _FLOAT16 = 0, 1, 2
@@ -169,7 +162,7 @@ class UpdateLog:
 
     def __init__(self, directory: Path, *, segment_bytes: int = 64 << 20) -> None:
         """Open the log in `directory` (created if missing), repairing a torn tail."""
-        if segment_bytes < _SEGMENT_HEADER_SIZE + _FRAME.size:
+        if segment_bytes < _SEGMENT_HEADER_SIZE + FRAME_HEADER_SIZE:
             raise ValueError(f"segment_bytes is too small to hold a record: {segment_bytes}")
         self._directory = Path(directory)
         self._segment_bytes = segment_bytes
@@ -243,10 +236,10 @@ class UpdateLog:
             metrics=clean_metrics,
             tensors=clean_tensors,
         )
-        if len(payload) > _MAX_PAYLOAD:
+        if len(payload) > MAX_PAYLOAD:
             raise ValueError(
                 f"an update of {len(payload)} bytes does not fit one log record "
-                f"(at most {_MAX_PAYLOAD})"
+                f"(at most {MAX_PAYLOAD})"
             )
         record = _Queued(payload, zlib.crc32(payload))
         with self._lock:
@@ -351,16 +344,14 @@ class UpdateLog:
             try:
                 while index < len(group):
                     payload = group[index].payload
-                    frame_size = _FRAME.size + len(payload)
+                    frame_size = FRAME_HEADER_SIZE + len(payload)
                     if self._records_in_active and self._size + frame_size > self._segment_bytes:
                         if frames:
                             break
                         self._roll(lsn + 1)
                         start, had_records = self._size, False
                     lsn += 1
-                    length_lsn = _LENGTH_LSN.pack(len(payload), lsn)
-                    crc = zlib.crc32(length_lsn, group[index].payload_crc)
-                    frames += [_FRAME.pack(_RECORD_MAGIC, len(payload), lsn, crc), payload]
+                    frames += [_FRAMES.header(len(payload), lsn, group[index].payload_crc), payload]
                     self._size += frame_size
                     self._records_in_active = True
                     index += 1
@@ -475,7 +466,7 @@ class UpdateLog:
             scan = _scan(data, segment)
             newest = index == len(segments) - 1
             if scan.damage is not None:
-                if not newest or _intact_frame_after(data, scan.valid_end):
+                if not newest or _FRAMES.intact_after(data, scan.valid_end):
                     raise CorruptLogError(
                         f"{segment.path}: damaged at byte {scan.valid_end} ({scan.damage}) "
                         "with data after it; this is not a torn write. Acknowledged updates "
@@ -532,15 +523,8 @@ def _scan(data: bytes, segment: _Segment) -> _Scan:
     problem = _check_segment_header(data, segment)
     if problem is not None:
         return _Scan(segment.first_lsn - 1, 0, problem)
-    position = _SEGMENT_HEADER_SIZE
-    lsn = segment.first_lsn
-    while position < len(data):
-        end, problem = _check_frame(data, position, lsn)
-        if problem is not None:
-            return _Scan(lsn - 1, position, problem)
-        position = end
-        lsn += 1
-    return _Scan(lsn - 1, position, None)
+    end, count, problem = _FRAMES.scan(data, _SEGMENT_HEADER_SIZE, segment.first_lsn)
+    return _Scan(segment.first_lsn + count - 1, end, problem)
 
 
 def _check_segment_header(data: bytes, segment: _Segment) -> str | None:
@@ -569,34 +553,6 @@ def _check_segment_header(data: bytes, segment: _Segment) -> str | None:
     return None
 
 
-def _check_frame(data: bytes, position: int, expected_lsn: int | None) -> tuple[int, str | None]:
-    """(end of the frame, None) when the frame at `position` is intact, else (_, why)."""
-    if len(data) - position < _FRAME.size:
-        return position, "record header cut short"
-    magic, length, lsn, crc = _FRAME.unpack_from(data, position)
-    if magic != _RECORD_MAGIC:
-        return position, "no record marker"
-    start = position + _FRAME.size
-    if length > len(data) - start:
-        return position, "record cut short"
-    if expected_lsn is not None and lsn != expected_lsn:
-        return position, f"LSN {lsn} where {expected_lsn} was due"
-    payload = memoryview(data)[start : start + length]
-    if zlib.crc32(_LENGTH_LSN.pack(length, lsn), zlib.crc32(payload)) != crc:
-        return position, "record fails its CRC"
-    return start + length, None
-
-
-def _intact_frame_after(data: bytes, position: int) -> bool:
-    """True when an intact record starts after `position`: damage, not a torn tail."""
-    found = data.find(_RECORD_MAGIC, position + 1)
-    while found >= 0:
-        if _check_frame(data, found, None)[1] is None:
-            return True
-        found = data.find(_RECORD_MAGIC, found + 1)
-    return False
-
-
 def _read_segment_header(file: BinaryIO, segment: _Segment) -> None:
     problem = _check_segment_header(file.read(_SEGMENT_HEADER_SIZE), segment)
     if problem is not None:
@@ -605,17 +561,12 @@ def _read_segment_header(file: BinaryIO, segment: _Segment) -> None:
 
 def _read_frame(file: BinaryIO, segment: _Segment, lsn: int) -> bytes | None:
     """The payload of record `lsn`; None at the end of the file."""
-    head = file.read(_FRAME.size)
-    if not head:
-        return None
-    length = _FRAME.unpack(head)[1] if len(head) == _FRAME.size else 0
-    data = head + file.read(length)
-    end, problem = _check_frame(data, 0, lsn)
-    if problem is not None:
+    try:
+        return _FRAMES.read(file, lsn)
+    except ValueError as error:
         raise CorruptLogError(
-            f"{segment.path}: record {lsn}: {problem} (changed since the log was opened)"
-        )
-    return data[_FRAME.size : end]
+            f"{segment.path}: record {lsn}: {error} (changed since the log was opened)"
+        ) from None
 
 
 # Payload encoding ----------------------------------------------------------

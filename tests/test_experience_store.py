@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import logging
 import sqlite3
-import struct
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -262,29 +259,6 @@ def test_a_damaged_committed_record_is_never_served(harness: Harness) -> None:
     pulled = harness.store.read_after(0, exclude="bob", max_transitions=10_000)
 
     assert [b.header.sequence for b in pulled.batches] == [1, 3]
-
-
-def test_a_segment_of_the_former_format_is_dropped_at_open_and_the_store_goes_on(
-    harness: Harness, caplog: pytest.LogCaptureFixture
-) -> None:
-    harness.push("alice", 1, make_batch(50, seed=1))
-    harness.store.close()
-    segment = harness.segments()[-1]
-    # What the per-column format (record magic FXB1) left in the same place.
-    payload = segment.read_bytes()[12:]
-    segment.write_bytes(struct.pack("<4sII", b"FXB1", len(payload), zlib.crc32(payload)) + payload)
-
-    with caplog.at_level(logging.WARNING):
-        harness.reopen()
-
-    assert "former format" in caplog.text
-    assert not segment.exists()
-    assert harness.store.read_after(0, exclude="bob", max_transitions=1000).batches == []
-    assert harness.store.total_bytes == 0
-    assert harness.store.find_ack("alice", 1) is not None
-    harness.push("alice", 2, make_batch(50, seed=2))
-    pulled = harness.store.read_after(0, exclude="bob", max_transitions=1000)
-    assert [b.header.sequence for b in pulled.batches] == [2]
 
 
 def test_store_config_refuses_a_quota_above_the_cap() -> None:
