@@ -1,16 +1,9 @@
-"""The ExperienceExchange service: push validated batches into a session's store, pull others'.
+"""The ExperienceExchange gRPC servicer: stream messages <-> domain calls, refusals -> status codes.
 
-Two layers, as in the Federation service: `ExperienceExchange` holds the
-rules (who may push, validation, exactly-once through the store, budgets)
-and is testable without a network; `ExperienceServicer` only moves messages
-and maps errors to status codes.
-
-Sessions and membership come from the server's state database, read through
-StateDB (read-only): a participant must have joined the session with the
-Federation service first. The stores keep their own tables in the same
-database file, through their own connection. Every store call runs on one
-dedicated thread (the stores are single-owner) and the event loop never
-waits on an fsync.
+Nothing here decides anything a unit test of server/experience_exchange.py
+could not reach: each handler reads its messages, assembles batches with
+fedrl.common.experience, calls ExperienceExchange, and answers refusals with
+their status codes (server/call_context.py).
 """
 
 # The generated servicer base class fixes the method names (PushExperience, ...).
@@ -19,287 +12,22 @@ waits on an fsync.
 from __future__ import annotations
 
 import asyncio
-import logging
-import sqlite3
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, NoReturn, TypeAlias, TypeVar
 
-from fedrl.common.chunking import DEFAULT_CHUNK_BYTES, DecodeLimits
 from fedrl.common.errors import DecodeError
-from fedrl.common.experience import (
-    BatchAssembler,
-    ExperienceBatch,
-    batch_header,
-    chunk_block,
-    decode_batch,
-    encode_batch,
-)
-from fedrl.common.identity import safe_dirname
+from fedrl.common.experience import BatchAssembler, ExperienceBatch, chunk_block
 from fedrl.proto.v1 import experience_pb2 as pb
 from fedrl.proto.v1 import experience_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
 from fedrl.server.app import ServiceRegistration
-from fedrl.server.experience_store import (
-    Ack,
-    BatchTooLargeError,
-    ExperienceStore,
-    SequenceError,
-    StoreConfig,
-    StoredBatch,
-)
-from fedrl.server.experience_validation import InvalidBatchError, ValidationLimits, validate_batch
-from fedrl.server.limits import LimitError, drain, with_idle_timeout
-from fedrl.server.service import PermissionDeniedError, acting_as, status_code
-from fedrl.server.session import (
-    DB_FILE,
-    SESSIONS_DIR,
-    FederationError,
-    InvalidRequestError,
-    NotFoundError,
-    PreconditionError,
-    validate_session_name,
-)
-from fedrl.server.state_db import StateDB
-
-log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-# grpc ships no type stubs; a servicer context is untyped to mypy either way.
-Context: TypeAlias = Any
+from fedrl.server.call_context import REFUSALS, Context, abort, acting_as
+from fedrl.server.experience_exchange import ExperienceConfig, ExperienceExchange
+from fedrl.server.experience_store import Ack, StoredBatch
+from fedrl.server.limits import drain, with_idle_timeout
+from fedrl.server.refusals import InvalidRequestError
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExperienceExchange"].full_name
-EXPERIENCE_DIR = "experience"
-
-
-@dataclass(frozen=True)
-class ExperienceConfig:
-    """Settings of the experience exchange on one server."""
-
-    store: StoreConfig = field(default_factory=StoreConfig)
-    """Bounds of each session's store."""
-    validation: ValidationLimits = field(default_factory=ValidationLimits)
-    """What one batch may hold."""
-    default_pull_transitions: int = 4096
-    """Budget of a pull that names none (max_transitions 0)."""
-    max_pull_transitions: int = 65_536
-    """Largest budget one pull may ask for; ~3 MB of CartPole, bounded for other envs too."""
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES
-    """Largest data field of a chunk sent or accepted."""
-    max_batch_raw_bytes: int = 64 << 20
-    """Decoded bytes of one pushed batch, held in memory until it validates (trading: ~16 MB)."""
-    stream_idle_timeout_s: float = 60.0
-    """Longest wait for the next message of a push; a stalled stream would hold its buffers."""
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.default_pull_transitions <= self.max_pull_transitions:
-            raise ValueError(
-                "default_pull_transitions must lie in 1..max_pull_transitions, got "
-                f"{self.default_pull_transitions} and {self.max_pull_transitions}"
-            )
-        if self.chunk_bytes <= 0 or self.max_batch_raw_bytes <= 0:
-            raise ValueError("chunk_bytes and max_batch_raw_bytes must be positive")
-        if not self.stream_idle_timeout_s > 0:
-            raise ValueError(
-                f"stream_idle_timeout_s must be positive, got {self.stream_idle_timeout_s}"
-            )
-
-
-@dataclass(frozen=True)
-class _Session:
-    name: str
-    spec: tpb.ModelSpec
-    spec_hash: str
-
-
-class ExperienceExchange:
-    """The domain of the service: sessions' stores, validation, exactly-once, budgets."""
-
-    def __init__(self, data_dir: Path, config: ExperienceConfig) -> None:
-        self._data_dir = data_dir
-        self._config = config
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedrl-experience")
-        # Opened on the executor thread at first use: the Federation creates
-        # the database when the server starts, after this object exists.
-        self._state: StateDB | None = None
-        self._db: sqlite3.Connection | None = None
-        self._stores: dict[str, ExperienceStore] = {}
-        self._sessions: dict[str, _Session] = {}
-
-    @property
-    def config(self) -> ExperienceConfig:
-        return self._config
-
-    @property
-    def decode_limits(self) -> DecodeLimits:
-        """What one pushed batch may declare, checked before a byte of it is accepted."""
-        return DecodeLimits(
-            # A batch's columns travel as one block tensor.
-            max_tensors=1,
-            max_total_raw_bytes=self._config.max_batch_raw_bytes,
-            max_chunk_bytes=self._config.chunk_bytes,
-        )
-
-    async def close(self) -> None:
-        """Close the stores and the database connections."""
-        await self._run(self._close_all)
-        self._executor.shutdown(wait=True)
-
-    # Push.
-
-    async def check_header(self, header: pb.ExperienceHeader, participant_id: str) -> None:
-        """Refuse a batch before reading its columns: unknown session, non-member, bad sequence."""
-        await self._member_session(header.session, participant_id)
-        if header.sequence <= 0:
-            raise InvalidRequestError("sequence numbers start at 1")
-
-    async def push(
-        self, header: pb.ExperienceHeader, participant_id: str, batch: ExperienceBatch
-    ) -> Ack:
-        """Validate a decoded batch and store it once; a refusal is counted against the sender."""
-        session = await self._member_session(header.session, participant_id)
-        store = await self._run(lambda: self._store(session))
-        known = await self._run(
-            lambda: store.answer_duplicate(participant_id, header.sequence, now_ms=_now_ms())
-        )
-        if known is not None:
-            return known
-        try:
-            # A pass over every value of the batch: off the event loop.
-            await asyncio.to_thread(
-                validate_batch,
-                batch,
-                spec=session.spec,
-                spec_hash=session.spec_hash,
-                limits=self._config.validation,
-            )
-        except InvalidBatchError as exc:
-            await self.count_rejection(header.session, participant_id)
-            raise InvalidRequestError(f"batch {header.sequence} refused: {exc}") from None
-        # Re-encoded here: what the store keeps and serves is always our own
-        # canonical zstd, whatever codec and action width the sender chose.
-        stored = await asyncio.to_thread(
-            _encoded,
-            batch,
-            session=session.name,
-            participant_id=participant_id,
-            sequence=header.sequence,
-            cursor=0,
-            codec=tpb.CODEC_ZSTD,
-        )
-        try:
-            return await self._run(lambda: store.append(stored, now_ms=_now_ms()))
-        except BatchTooLargeError as exc:
-            await self.count_rejection(header.session, participant_id)
-            raise InvalidRequestError(str(exc)) from None
-        except SequenceError as exc:
-            raise PreconditionError(str(exc)) from None
-
-    async def count_rejection(self, session_name: str, participant_id: str) -> None:
-        """Count a refused batch against a participant of a known session; else nothing to count."""
-        try:
-            session = await self._member_session(session_name, participant_id)
-        except FederationError:
-            return
-        store = await self._run(lambda: self._store(session))
-        await self._run(lambda: store.count_rejection(participant_id, _now_ms()))
-
-    # Pull.
-
-    async def pull(
-        self, request: pb.PullExperienceRequest, participant_id: str
-    ) -> tuple[list[StoredBatch], int]:
-        """Other participants' batches after the cursor within the budget, and the next cursor."""
-        session = await self._member_session(request.session, participant_id)
-        budget = request.max_transitions or self._config.default_pull_transitions
-        budget = min(budget, self._config.max_pull_transitions)
-        store = await self._run(lambda: self._store(session))
-        result = await self._run(
-            lambda: store.read_after(request.cursor, exclude=participant_id, max_transitions=budget)
-        )
-        batches = result.batches
-        if batches and batches[0].header.transitions > budget:
-            batches = [await asyncio.to_thread(self._cut, batches[0], budget)]
-        return batches, result.next_cursor
-
-    def messages(self, stored: StoredBatch, codec: int) -> Iterator[pb.ExperienceChunk]:
-        """The stream messages of one stored batch, in the codec the caller asked for."""
-        if codec == tpb.CODEC_NONE:
-            stored = _reencoded(stored, self._decode(stored), codec=tpb.CODEC_NONE)
-        yield pb.ExperienceChunk(header=stored.header)
-        for chunk in chunk_block(stored.block, stored.data, chunk_bytes=self._config.chunk_bytes):
-            yield pb.ExperienceChunk(chunk=chunk)
-
-    def _decode(self, stored: StoredBatch) -> ExperienceBatch:
-        """A stored batch decoded, under the same limits as a pushed one."""
-        return decode_batch(stored.header, stored.block, stored.data, limits=self.decode_limits)
-
-    def _cut(self, stored: StoredBatch, rows: int) -> StoredBatch:
-        """The first rows of a stored batch: a budget below one batch still makes progress."""
-        return _reencoded(stored, self._decode(stored).select(slice(0, rows)), codec=tpb.CODEC_ZSTD)
-
-    # Internals.
-
-    async def _run(self, call: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
-
-    async def _member_session(self, session_name: str, participant_id: str) -> _Session:
-        name = validate_session_name(session_name)
-        session, member = await self._run(lambda: self._lookup(name, participant_id))
-        if session is None:
-            raise NotFoundError(f"no session named {name!r} on this server; Join creates it")
-        if not member:
-            raise PreconditionError(
-                f"participant {participant_id!r} has not joined session {name!r}; call Join first"
-            )
-        return session
-
-    def _lookup(self, name: str, participant_id: str) -> tuple[_Session | None, bool]:
-        state = self._open_state()
-        session = self._sessions.get(name)
-        if session is None:
-            # A session's spec never changes once created, so it is read once.
-            for row in state.sessions():
-                if row.name == name:
-                    session = self._sessions[name] = _Session(row.name, row.spec, row.spec_hash)
-        if session is None:
-            return None, False
-        return session, state.is_participant(name, participant_id)
-
-    def _open_state(self) -> StateDB:
-        if self._state is None:
-            self._state = StateDB(self._data_dir / DB_FILE, read_only=True)
-        return self._state
-
-    def _store(self, session: _Session) -> ExperienceStore:
-        store = self._stores.get(session.name)
-        if store is None:
-            if self._db is None:
-                self._db = sqlite3.connect(
-                    self._data_dir / DB_FILE, check_same_thread=False, isolation_level=None
-                )
-                # Each commit is an ack promised to a participant: durable before it returns.
-                self._db.execute("PRAGMA synchronous=FULL")
-            directory = self._data_dir / SESSIONS_DIR / safe_dirname(session.name) / EXPERIENCE_DIR
-            store = ExperienceStore(
-                directory=directory, db=self._db, session=session.name, config=self._config.store
-            )
-            self._stores[session.name] = store
-        return store
-
-    def _close_all(self) -> None:
-        for store in self._stores.values():
-            store.close()
-        self._stores.clear()
-        if self._db is not None:
-            self._db.close()
-            self._db = None
-        if self._state is not None:
-            self._state.close()
-            self._state = None
 
 
 class ExperienceServicer(pb_grpc.ExperienceExchangeServicer):
@@ -327,7 +55,7 @@ class ExperienceServicer(pb_grpc.ExperienceExchangeServicer):
                         )
                     header = message.header
                     participant = acting_as(context, header.participant_id)
-                    await self._exchange.check_header(header, participant)
+                    await self._exchange.check_push(header.session, participant, header.sequence)
                     assembler = BatchAssembler(header, self._exchange.decode_limits)
                 elif message.HasField("chunk"):
                     if assembler is None or header is None:
@@ -337,9 +65,10 @@ class ExperienceServicer(pb_grpc.ExperienceExchangeServicer):
                     batch = await asyncio.to_thread(_add_chunk, assembler, message.chunk)
                     if batch is not None:
                         assembler = None
-                        reply.acks.append(
-                            _ack_message(await self._exchange.push(header, participant, batch))
+                        ack = await self._exchange.push(
+                            header.session, participant, header.sequence, batch
                         )
+                        reply.acks.append(_ack_message(ack))
                 else:
                     raise InvalidRequestError("a push carries headers and chunks only")
             if assembler is not None:
@@ -350,13 +79,10 @@ class ExperienceServicer(pb_grpc.ExperienceExchangeServicer):
             if header is not None:
                 await self._exchange.count_rejection(header.session, participant)
             await self._drain(messages)
-            await _abort(context, exc)
-        except (FederationError, PermissionDeniedError) as exc:
+            await abort(context, exc)
+        except REFUSALS as exc:
             await self._drain(messages)
-            await _abort(context, exc)
-        except LimitError as exc:
-            await self._drain(messages)
-            await context.abort(exc.code, str(exc))
+            await abort(context, exc)
         return reply
 
     async def _drain(self, messages: AsyncIterator[pb.ExperienceChunk]) -> None:
@@ -374,18 +100,31 @@ class ExperienceServicer(pb_grpc.ExperienceExchangeServicer):
     ) -> AsyncIterator[pb.ExperienceChunk]:
         try:
             participant = acting_as(context, request.participant_id)
-            batches, next_cursor = await self._exchange.pull(request, participant)
-        except (FederationError, DecodeError, PermissionDeniedError) as exc:
-            await _abort(context, exc)
+            batches, next_cursor = await self._exchange.pull(
+                request.session,
+                participant,
+                cursor=request.cursor,
+                max_transitions=request.max_transitions,
+            )
+        except REFUSALS as exc:
+            await abort(context, exc)
             return
         sent = 0
         for stored in batches:
-            for message in self._exchange.messages(stored, request.codec):
+            for message in self._messages(stored, request.codec):
                 yield message
             sent += stored.header.transitions
         yield pb.ExperienceChunk(
             end=pb.ExperienceEnd(next_cursor=next_cursor, transitions_sent=sent)
         )
+
+    def _messages(self, stored: StoredBatch, codec: int) -> Iterator[pb.ExperienceChunk]:
+        """The stream messages of one stored batch, in the codec the caller asked for."""
+        stored = self._exchange.in_codec(stored, codec)
+        yield pb.ExperienceChunk(header=stored.header)
+        chunk_bytes = self._exchange.config.chunk_bytes
+        for chunk in chunk_block(stored.block, stored.data, chunk_bytes=chunk_bytes):
+            yield pb.ExperienceChunk(chunk=chunk)
 
 
 def experience_service(
@@ -413,49 +152,3 @@ def _ack_message(ack: Ack) -> pb.ExperienceAck:
     return pb.ExperienceAck(
         sequence=ack.sequence, duplicate=ack.duplicate, transitions_stored=ack.transitions_stored
     )
-
-
-def _encoded(
-    batch: ExperienceBatch,
-    *,
-    session: str,
-    participant_id: str,
-    sequence: int,
-    cursor: int,
-    codec: int,
-) -> StoredBatch:
-    """batch in wire form under the given sender, sequence and store position."""
-    encoded = encode_batch(batch, codec=codec)
-    header = batch_header(
-        batch,
-        encoded,
-        session=session,
-        participant_id=participant_id,
-        sequence=sequence,
-        cursor=cursor,
-    )
-    return StoredBatch(header=header, block=encoded.block, data=encoded.data)
-
-
-def _reencoded(stored: StoredBatch, batch: ExperienceBatch, *, codec: int) -> StoredBatch:
-    """batch (rows of stored) encoded in codec, under stored's sender, sequence and cursor."""
-    return _encoded(
-        batch,
-        session=stored.header.session,
-        participant_id=stored.header.participant_id,
-        sequence=stored.header.sequence,
-        cursor=stored.header.cursor,
-        codec=codec,
-    )
-
-
-async def _abort(context: Context, exc: Exception) -> NoReturn:
-    code = status_code(exc)
-    if code is None:
-        raise exc
-    await context.abort(code, str(exc))
-    raise RuntimeError("context.abort returned instead of raising") from exc
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

@@ -2,7 +2,8 @@
 
 Nothing here decides anything a unit test of server/session.py could not
 reach: each handler reads its messages, decodes tensors with
-fedrl.common.chunking, calls Federation, and maps the exceptions below.
+fedrl.common.chunking, calls Federation, and answers refusals with their
+status codes (server/call_context.py).
 """
 
 # The generated servicer base class fixes the method names (Join, PushUpdate, ...).
@@ -17,36 +18,33 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from typing import Any, NoReturn, TypeAlias, TypeVar
-
-import grpc
+from typing import Any, TypeAlias, TypeVar
 
 from fedrl.common.chunking import DecodeLimits, TensorListAssembler, chunk_tensors
 from fedrl.common.errors import DecodeError
-from fedrl.common.identity import id_from_metadata, validate_participant_id
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
 from fedrl.server.aggregator import NamedTensors
-from fedrl.server.auth import AuthError
+from fedrl.server.call_context import (
+    REFUSALS,
+    Context,
+    abort,
+    acting_as,
+    authenticated_participant,
+)
 from fedrl.server.limits import (
-    LimitError,
     LimitsConfig,
     RateLimiter,
     StreamCounter,
     drain,
     with_idle_timeout,
 )
+from fedrl.server.refusals import InvalidRequestError, LimitExceededError
 from fedrl.server.session import (
     ACCEPTED_DELTA_DTYPES,
-    AlreadyExistsError,
     Federation,
-    FederationError,
-    InvalidRequestError,
-    LimitExceededError,
     ModelView,
-    NotFoundError,
-    PreconditionError,
     PushRequest,
     PushResult,
     now_ms,
@@ -56,20 +54,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
-# grpc ships no type stubs; a servicer context is untyped to mypy either way.
-Context: TypeAlias = Any
-
-# Most specific first: DecodeError is a ValueError, so order matters.
-STATUS_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
-    (DecodeError, grpc.StatusCode.INVALID_ARGUMENT),
-    (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
-    (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
-    (NotFoundError, grpc.StatusCode.NOT_FOUND),
-    (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
-    (LimitExceededError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-)
-# Refusals a handler answers with their own status; any other exception is a bug (INTERNAL).
-REFUSALS = (FederationError, DecodeError, AuthError, LimitError)
 
 ANONYMOUS = ""
 """Limits key of a plaintext caller that does not say who it is; such callers share it."""
@@ -80,59 +64,9 @@ FULL_MODEL_DTYPES = (tpb.DTYPE_FLOAT32,)
 CODECS = (tpb.CODEC_NONE, tpb.CODEC_ZSTD)
 
 
-class PermissionDeniedError(Exception):
-    """The request names a participant other than the caller."""
-
-
-def status_code(exc: BaseException) -> grpc.StatusCode | None:
-    """The status code a domain or decode error maps to; None for a bug (INTERNAL)."""
-    if isinstance(exc, PermissionDeniedError):
-        return grpc.StatusCode.PERMISSION_DENIED
-    if isinstance(exc, AuthError | LimitError):
-        return exc.code
-    for kind, code in STATUS_CODES:
-        if isinstance(exc, kind):
-            return code
-    return None
-
-
-def authenticated_participant(context: Context) -> str | None:
-    """Who the transport says is calling; None when it does not say.
-
-    This is the `fedrl-participant-bin` metadata. Over TLS the AuthInterceptor
-    has checked before the handler runs that it names the participant of the
-    certificate or token, so it is authenticated; on a plaintext server
-    (loopback or --insecure) it is what the caller says.
-    """
-    try:
-        return id_from_metadata(context.invocation_metadata())
-    except ValueError as exc:
-        raise InvalidRequestError(f"caller identity: {exc}") from None
-
-
 def _limits_key(context: Context) -> str:
     """Whose limits a call counts against: the authenticated caller's."""
     return authenticated_participant(context) or ANONYMOUS
-
-
-def acting_as(context: Context, claimed: str) -> str:
-    """The participant a request speaks for, refused if it is not the caller."""
-    try:
-        pid = validate_participant_id(claimed)
-    except ValueError as exc:
-        raise InvalidRequestError(str(exc)) from None
-    caller = authenticated_participant(context)
-    if caller is not None and caller != pid:
-        raise PermissionDeniedError(f"you are {caller!r} and may not act as {pid!r}")
-    return pid
-
-
-async def _abort(context: Context, exc: Exception) -> NoReturn:
-    code = status_code(exc)
-    if code is None:
-        raise exc
-    await context.abort(code, str(exc))
-    raise RuntimeError("context.abort returned instead of raising") from exc
 
 
 class EncodedModelCache:
@@ -181,16 +115,17 @@ class FederationServicer(pb_grpc.FederationServicer):
         self._streams = StreamCounter(max_per_participant=call_limits.max_streams_per_participant)
         self._idle_s = call_limits.stream_idle_timeout_s
         self._cache = EncodedModelCache(max_bytes=cache_bytes)
-        # One encoding thread: it keeps the event loop free during zstd, and
-        # fedrl.common.codecs' shared compressor must not run on two threads.
+        # One encoding thread keeps the event loop free during zstd; pulls of
+        # one new version share one encoding (see _encoded), so more threads
+        # would only help pulls of different versions at the same moment.
         self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedrl-encode")
         self._encoding: dict[tuple[Any, ...], asyncio.Future[Encoded]] = {}
 
     async def _guard(self, context: Context, call: Callable[[], Awaitable[T]]) -> T:
         try:
             return await call()
-        except (*REFUSALS, PermissionDeniedError) as exc:
-            await _abort(context, exc)
+        except REFUSALS as exc:
+            await abort(context, exc)
 
     async def _upload(
         self,
@@ -212,7 +147,7 @@ class FederationServicer(pb_grpc.FederationServicer):
             with self._streams.hold(key):
                 self._pushes.acquire(key)
                 result = await handle(messages)
-        except (*REFUSALS, PermissionDeniedError):
+        except REFUSALS:
             await self._drain(messages)
             raise
         await self._drain(messages)
@@ -357,8 +292,8 @@ class FederationServicer(pb_grpc.FederationServicer):
                     request.session, request.version, request.have_version
                 )
                 list_header, chunks = await self._encoded(view, request.dtype, request.codec)
-            except (*REFUSALS, PermissionDeniedError) as exc:
-                await _abort(context, exc)
+            except REFUSALS as exc:
+                await abort(context, exc)
                 return
             yield pb.ModelChunk(
                 header=pb.ModelHeader(
@@ -425,7 +360,7 @@ class FederationServicer(pb_grpc.FederationServicer):
                 open_stream.enter_context(self._streams.hold(_limits_key(context)))
                 session = self._federation.session(request.session)
             except REFUSALS as exc:
-                await _abort(context, exc)
+                await abort(context, exc)
                 return
             closing = self._federation.closing
             sent: tuple[int, int, bool] | None = None

@@ -1,8 +1,9 @@
 """Sessions and the federation's domain rules: join, seed, push, pull, goal.
 
-Plain asyncio classes with no gRPC in them: the servicers (server/service.py)
-translate messages to these calls and the errors below to status codes, so
-every rule here is reachable from a unit test without a network.
+Plain asyncio classes with no gRPC in them: the servicer (server/service.py)
+translates messages to these calls and the refusals they raise
+(server/refusals.py) to status codes, so every rule here is reachable from a
+unit test without a network.
 
 A push is acknowledged in this order: checks (session, spec, sequence,
 staleness, tensors) -> update log append (durable) -> ack row with the answer
@@ -47,6 +48,14 @@ from fedrl.server.aggregator import (
 )
 from fedrl.server.config import ServerConfig
 from fedrl.server.model_store import ModelStore
+from fedrl.server.refusals import (
+    AlreadyExistsError,
+    InvalidRequestError,
+    LimitExceededError,
+    NotFoundError,
+    PreconditionError,
+    RequestRefusedError,
+)
 from fedrl.server.state_db import (
     AckBatcher,
     AckRow,
@@ -68,30 +77,6 @@ METRICS_FILE = "metrics.jsonl"
 SESSIONS_DIR = "sessions"
 DEFAULT_SESSION = "default"
 ACCEPTED_DELTA_DTYPES = (tpb.DTYPE_FLOAT32, tpb.DTYPE_FLOAT16, tpb.DTYPE_BFLOAT16)
-
-
-class FederationError(Exception):
-    """A request the domain refuses; the subclass decides the status code."""
-
-
-class InvalidRequestError(FederationError):
-    """Malformed input (INVALID_ARGUMENT)."""
-
-
-class PreconditionError(FederationError):
-    """Well-formed but not acceptable in the current state (FAILED_PRECONDITION)."""
-
-
-class NotFoundError(FederationError):
-    """An unknown session or version (NOT_FOUND)."""
-
-
-class AlreadyExistsError(FederationError):
-    """A second seed of a session (ALREADY_EXISTS)."""
-
-
-class LimitExceededError(FederationError):
-    """A request above one of the server's size limits (RESOURCE_EXHAUSTED); names the option."""
 
 
 @dataclass(frozen=True)
@@ -343,7 +328,7 @@ class Federation:
             )
         try:
             self._staleness(session, request.base_version)
-        except FederationError:
+        except RequestRefusedError:
             await self.count_rejection(session.name, pid)
             raise
         return None
@@ -375,7 +360,7 @@ class Federation:
         """Count a refused update against its participant, where both are known."""
         try:
             session = self.session(session_name)
-        except FederationError:
+        except RequestRefusedError:
             return
         if participant_id not in session.participants:
             return
@@ -391,7 +376,7 @@ class Federation:
                 check_update, session.spec, tensors, max_norm=self.config.max_update_norm
             )
             staleness = self._staleness(session, request.base_version)
-        except FederationError:
+        except RequestRefusedError:
             await self.count_rejection(session.name, pid)
             raise
         weight = update_weight(
@@ -453,7 +438,7 @@ class Federation:
             weight=update.weight,
             episodes=update.episodes,
             env_steps=update.env_steps,
-            # Filled in by record_ack from the session's totals.
+            # Filled in by StateDB.record_acks from the session's totals.
             goal_total=0,
             goal_done=0,
             received_ms=update.received_unix_ms,

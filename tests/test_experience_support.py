@@ -21,7 +21,8 @@ from fedrl.proto.v1 import experience_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import federation_pb2_grpc as fed_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
 from fedrl.server.app import RunningServer, run_server
-from fedrl.server.experience_service import ExperienceConfig, ExperienceExchange, experience_service
+from fedrl.server.experience_exchange import ExperienceConfig, ExperienceExchange
+from fedrl.server.experience_service import experience_service
 from fedrl.server.experience_store import StoreConfig
 from fedrl.server.experience_validation import ValidationLimits
 

@@ -13,13 +13,8 @@ from server_harness import make_spec, server_config
 
 from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.session import (
-    Federation,
-    InvalidRequestError,
-    NotFoundError,
-    PreconditionError,
-    PushRequest,
-)
+from fedrl.server.refusals import InvalidRequestError, NotFoundError, PreconditionError
+from fedrl.server.session import Federation, PushRequest
 
 T = TypeVar("T")
 SPEC = make_spec([(4,)])

@@ -1,0 +1,36 @@
+"""Why the server refuses a request: the domain's exceptions, one kind per status code.
+
+The domain (server/session.py, server/experience_exchange.py) raises these
+and knows nothing of gRPC; server/call_context.py maps each kind to its
+status code for the servicers.
+"""
+
+from __future__ import annotations
+
+
+class RequestRefusedError(Exception):
+    """A request the server refuses; the subclass decides the status code."""
+
+
+class InvalidRequestError(RequestRefusedError):
+    """Malformed input (INVALID_ARGUMENT)."""
+
+
+class PreconditionError(RequestRefusedError):
+    """Well-formed but not acceptable in the current state (FAILED_PRECONDITION)."""
+
+
+class NotFoundError(RequestRefusedError):
+    """An unknown session or version (NOT_FOUND)."""
+
+
+class AlreadyExistsError(RequestRefusedError):
+    """A second seed of a session (ALREADY_EXISTS)."""
+
+
+class LimitExceededError(RequestRefusedError):
+    """A request above one of the server's size limits (RESOURCE_EXHAUSTED); names the option."""
+
+
+class PermissionDeniedError(RequestRefusedError):
+    """The request names a participant other than the caller (PERMISSION_DENIED)."""
