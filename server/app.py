@@ -34,7 +34,7 @@ from fedrl.common.tls import TlsPaths
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.server.aggregation import Strategy
-from fedrl.server.auth import HEALTH_METHODS, AuthInterceptor, InsecureBindError, server_transport
+from fedrl.server.auth import HEALTH_METHODS, AuthInterceptor, server_transport
 from fedrl.server.config import ServerConfig
 from fedrl.server.handlers import guard_handler
 from fedrl.server.service import FederationServicer
@@ -43,10 +43,6 @@ from fedrl.server.session import Federation
 log = logging.getLogger(__name__)
 
 FEDERATION_SERVICE = pb.DESCRIPTOR.services_by_name["Federation"].full_name
-
-
-InsecureAddressError = InsecureBindError
-"""Plaintext on an address other machines can reach, without --insecure (auth.py decides)."""
 
 
 @dataclass(frozen=True)

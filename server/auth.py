@@ -340,37 +340,15 @@ class Authenticator:
         except AuthError as exc:
             await _abort(context, exc)
 
-    async def require_self(
-        self, context: grpc.aio.ServicerContext[Any, Any], claimed_id: str
-    ) -> str:
-        """The caller's id, after checking that a request field naming a participant names it.
-
-        PERMISSION_DENIED when the field names someone else: a participant may
-        act only as itself.
-        """
-        pid = await self.authenticate(context)
-        try:
-            same = validate_participant_id(claimed_id) == pid
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"participant_id: {exc}")
-        if not same:
-            await context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"authenticated as {pid!r}, cannot act as {claimed_id!r}",
-            )
-        return pid
-
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc has no stubs
     """Authenticates every call before its handler runs, so no RPC can forget to.
 
     Over TLS each call must also name its participant in fedrl-participant-bin
     metadata, matching the authenticated one: a servicer that reads the id
-    from metadata then reads an authenticated id.
-
-    Servicers still call Authenticator.require_self for the id a request
-    names; this is the safety net for the methods that name none. Handlers
-    are grpc.aio ones (async); a plain-function handler runs inline.
+    from metadata then reads an authenticated id, and checks the id a
+    request names against it (server/call_context.acting_as). Handlers are
+    grpc.aio ones (async); a plain-function handler runs inline.
     """
 
     def __init__(
@@ -387,7 +365,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
         # On plaintext nobody is authenticated, so there is nothing to check up
-        # front; require_self still insists that an id-bearing request says who.
+        # front: a caller is who its metadata says.
         if (
             handler is None
             or self._auth.mode is AuthMode.INSECURE

@@ -335,18 +335,14 @@ class StateDB:
         ).fetchone()
         return int(row[0]) if row and row[0] is not None else None
 
-    def record_ack(self, ack: AckRow) -> AckRow | None:
-        """Store an ack and move the counters with it; None if it was already there.
-
-        Returns the row as stored: its goal fields are the session's totals
-        right after this update counted, whatever the caller guessed, because
-        concurrent pushes cannot know each other's episodes.
-        """
-        with self._transaction() as db:
-            return _insert_ack(db, ack)
-
     def record_acks(self, acks: Sequence[AckRow]) -> list[AckRow | None]:
-        """record_ack for several acks in one transaction: one fsync for all (group commit)."""
+        """Store acks and move the counters with them, in one transaction (one fsync for all).
+
+        None for an ack that was already there. Otherwise the row as stored:
+        its goal fields are the session's totals right after this update
+        counted, whatever the caller guessed, because concurrent pushes cannot
+        know each other's episodes.
+        """
         with self._transaction() as db:
             return [_insert_ack(db, ack) for ack in acks]
 
@@ -604,7 +600,7 @@ class AckBatcher:
         self._writer: asyncio.Task[None] | None = None
 
     async def record(self, ack: AckRow) -> AckRow | None:
-        """StateDB.record_ack, committed together with the acks queued beside it."""
+        """StateDB.record_acks for this ack, committed together with the acks queued beside it."""
         done: asyncio.Future[AckRow | None] = asyncio.get_running_loop().create_future()
         self._queued.append((ack, done))
         if self._writer is None or self._writer.done():

@@ -41,18 +41,27 @@ from fedrl.server.auth import (
     revoke,
     server_credentials,
 )
+from fedrl.server.call_context import abort, acting_as
+from fedrl.server.refusals import RequestRefusedError
 
 TIMEOUT_S = 10
 
 
 class _EchoFederation(pb_grpc.FederationServicer):
-    """Answers with the id the caller is authenticated as (in VersionNotice.session)."""
+    """Answers with the id the caller is authenticated as (in VersionNotice.session).
+
+    The id a request names is checked as the real servicers check it.
+    """
 
     def __init__(self, auth: Authenticator) -> None:
         self._auth = auth
 
     async def GetVersion(self, request: pb.GetVersionRequest, context: Any) -> pb.VersionNotice:
-        pid = await self._auth.require_self(context, request.participant_id)
+        pid = await self._auth.authenticate(context)
+        try:
+            acting_as(context, request.participant_id)
+        except RequestRefusedError as exc:
+            await abort(context, exc)
         return pb.VersionNotice(session=pid)
 
     async def PushUpdate(

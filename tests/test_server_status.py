@@ -29,7 +29,8 @@ from server_harness import (
 from fedrl.common.status_file import read_status_file
 from fedrl.common.status_table import display_width, render_status
 from fedrl.proto.v1 import federation_pb2 as pb
-from fedrl.server.app import InsecureAddressError, run_server
+from fedrl.server.app import run_server
+from fedrl.server.auth import InsecureBindError
 from fedrl.server.cli import main, serve_command
 from fedrl.server.config import ServerConfig
 
@@ -113,7 +114,7 @@ def test_config_refuses_a_bad_setting_with_the_field_name() -> None:
 def test_plaintext_on_a_non_loopback_address_is_refused(tmp_path: Path) -> None:
     config = server_config(tmp_path / "data", host="0.0.0.0")
 
-    with pytest.raises(InsecureAddressError, match=r"0\.0\.0\.0"):
+    with pytest.raises(InsecureBindError, match=r"0\.0\.0\.0"):
         asyncio.run(run_server(config))
 
 
