@@ -77,7 +77,6 @@ import json
 import logging
 import math
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -116,6 +115,7 @@ from fedrl.client.training.transitions import TransitionBatch
 from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
+from fedrl.server.launcher import ServerProcess
 
 Mode = Literal["avg", "exchange", "both"]
 MODES: tuple[Mode, ...] = ("avg", "exchange", "both")
@@ -126,18 +126,6 @@ MODE_NAMES = {
 }
 CARTPOLE_TARGET = 475.0
 SESSION = "default"
-_LISTENING = re.compile(r"listening on (\S+):(\d+)")
-_SERVER_START_S = 60.0
-# The server child asks Linux for SIGKILL when the bench dies (prctl
-# PR_SET_PDEATHSIG), as participants do in die_with_parent(), so an
-# interrupted bench leaves nothing behind burning the shared cores.
-_SERVE_DYING_WITH_PARENT = """
-import ctypes, signal, sys
-if sys.platform == "linux":
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-from fedrl.server.cli import main
-main()
-"""
 
 
 # Configuration.
@@ -488,14 +476,15 @@ def _load_weights(path: Path) -> list[tuple[str, np.ndarray]]:
 # The server.
 
 
-class ServerProcess:
-    """`fedrl-server serve` in a child process on a free loopback port."""
+class BenchServer(ServerProcess):
+    """The run's `fedrl-server serve` child (fedrl.server.launcher) on a free loopback port.
+
+    Like the participants (die_with_parent), it dies with the bench, so an
+    interrupted bench leaves nothing behind burning the shared cores.
+    """
 
     def __init__(self, data_dir: Path, configuration: Configuration, settings: Settings) -> None:
-        self.data_dir = data_dir
         options = {
-            "--data-dir": str(data_dir),
-            "--port": "0",
             "--buffer-size": str(configuration.buffer_size),
             "--max-pending": str(max(32, configuration.buffer_size)),
             "--buffer-timeout-s": str(settings.buffer_timeout_s),
@@ -507,42 +496,9 @@ class ServerProcess:
             "--keep-last": "1000000",
             # The run ends by budget, not by goal.
             "--goal-episodes": "100000000",
-            "--log-level": "WARNING",
         }
-        command = [
-            sys.executable,
-            "-c",
-            _SERVE_DYING_WITH_PARENT,
-            "serve",
-            *itertools.chain.from_iterable(options.items()),
-        ]
-        self.process = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        self.output: list[str] = []
-        found = threading.Event()
-        self.port = 0
-        threading.Thread(target=self._read, args=(found,), daemon=True).start()
-        if not found.wait(_SERVER_START_S):
-            self.stop()
-            raise RuntimeError("fedrl-server did not start:\n" + "".join(self.output))
-
-    def _read(self, found: threading.Event) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.output.append(line)
-            match = _LISTENING.search(line)
-            if match and not found.is_set():
-                self.port = int(match[2])
-                found.set()
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        super().__init__(data_dir, *itertools.chain.from_iterable(options.items()))
+        self.start()
 
     def versions(self) -> list[pb.VersionState]:
         """Every committed version, oldest first, with its time and checkpoint file."""
@@ -552,15 +508,6 @@ class ServerProcess:
         if not reply.sessions:
             return []
         return sorted(reply.sessions[0].versions, key=lambda v: v.version)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(30)
 
 
 def seed_session(address: str, settings: Settings, seed: int) -> None:
@@ -656,7 +603,7 @@ def run_configuration(
     run_dir = work_dir / f"{configuration.key.replace(' ', '_')}_seed{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    server = ServerProcess(run_dir / "server", configuration, settings)
+    server = BenchServer(run_dir / "server", configuration, settings)
     participants: list[Participant] = []
     try:
         seed_session(server.address, settings, seed)

@@ -24,11 +24,8 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
-import re
 import socket
 import sqlite3
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -47,6 +44,7 @@ from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
+from fedrl.server.launcher import ServerProcess
 
 SHAPE = (1000, 1000)
 CHANNEL_OPTIONS = [
@@ -84,15 +82,8 @@ def spec() -> tpb.ModelSpec:
 
 @contextlib.contextmanager
 def fedrl_server(data_dir: Path, buffer_size: int) -> Iterator[tuple[str, psutil.Process]]:
-    command = [
-        sys.executable,
-        "-c",
-        "from fedrl.server.cli import main; main()",
-        "serve",
-        "--port",
-        "0",
-        "--data-dir",
-        str(data_dir),
+    server = ServerProcess(
+        data_dir,
         "--buffer-size",
         str(buffer_size),
         "--buffer-timeout-s",
@@ -104,22 +95,12 @@ def fedrl_server(data_dir: Path, buffer_size: int) -> Iterator[tuple[str, psutil
         "1000",
         "--push-burst",
         "1000",
-        "--log-level",
-        "WARNING",
-    ]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    )
+    server.start()
     try:
-        assert process.stdout is not None
-        for line in process.stdout:
-            match = re.search(r"listening on (\S+):(\d+)", line)
-            if match:
-                break
-        else:
-            raise RuntimeError("fedrl-server exited before listening")
-        yield f"127.0.0.1:{match[2]}", psutil.Process(process.pid)
+        yield server.address, psutil.Process(server.pid)
     finally:
-        process.terminate()
-        process.wait(timeout=120)
+        server.stop(grace_s=120)
 
 
 @dataclass(frozen=True)

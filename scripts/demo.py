@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -33,11 +32,10 @@ import grpc
 
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
+from fedrl.server.launcher import ServerProcess, ServerStartError
 
-SERVER = [sys.executable, "-c", "from fedrl.server.cli import main; main()"]
 CLIENT = [sys.executable, "-c", "from fedrl.client.commands.cli import main; main()"]
 PARTICIPANTS = ("Макар", "alice")
-_LISTENING = re.compile(r"listening on (\S+):(\d+)")
 # Seconds a process gets to save and exit after SIGTERM before SIGKILL.
 STOP_GRACE_S = 30.0
 
@@ -53,10 +51,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     run_dir = args.dir / datetime.now().strftime("run-%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True)
-    server: subprocess.Popen[str] | None = None
+    server = ServerProcess(
+        run_dir / "server",
+        "--goal-episodes",
+        str(args.goal),
+        port=args.port,
+        log_level="INFO",
+        log=run_dir / "server.log",
+        new_session=True,
+    )
     participants: list[subprocess.Popen[str]] = []
     try:
-        server, address = start_server(run_dir, args.port, args.goal)
+        try:
+            server.start()
+        except ServerStartError:
+            raise SystemExit(f"the server did not start; see {run_dir / 'server.log'}") from None
+        address = server.address
         print(f"server on {address}, data in {run_dir / 'server'}", flush=True)
         participants = [start_participant(run_dir, address, pid) for pid in PARTICIPANTS]
         print(
@@ -78,36 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         # Participants first (they push and save), then the server.
         stop_all(participants, signal.SIGTERM)
-        if server is not None:
-            stop_all([server], signal.SIGTERM)
-
-
-def start_server(run_dir: Path, port: int, goal: int) -> tuple[subprocess.Popen[str], str]:
-    log = (run_dir / "server.log").open("w", encoding="utf-8")
-    server = subprocess.Popen(
-        [
-            *SERVER,
-            "serve",
-            "--port",
-            str(port),
-            "--data-dir",
-            str(run_dir / "server"),
-            "--goal-episodes",
-            str(goal),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        start_new_session=True,
-    )
-    assert server.stdout is not None
-    for line in server.stdout:
-        match = _LISTENING.search(line)
-        if match:
-            return server, f"{match[1]}:{match[2]}"
-    stop_all([server], signal.SIGTERM)
-    raise SystemExit(f"the server did not start; see {run_dir / 'server.log'}")
+        server.stop(STOP_GRACE_S)
 
 
 def start_participant(run_dir: Path, address: str, participant_id: str) -> subprocess.Popen[str]:

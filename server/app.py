@@ -1,12 +1,13 @@
 """Build, start and stop the gRPC server: services, health, reflection, shutdown.
 
 `run_server(config)` returns a started server and its real port (port 0
-picks a free one), which is how tests and benchmarks start it. `serve(config)`
-is the process entry: it runs until SIGTERM/SIGINT, then stops accepting
-calls, gives in-flight ones `grace_s` to finish, folds the update buffer into a
+picks a free one), which is how tests start one in their own process (a
+server process of its own: fedrl.server.launcher). `serve(config)` is the
+process entry: it runs until SIGTERM/SIGINT, then stops accepting calls,
+gives in-flight ones `grace_s` to finish, folds the update buffer into a
 last version and closes the database.
 
-Other services (experience exchange, later) join through `extra_services`:
+Other services (the experience exchange) join through `extra_services`:
 each is a ServiceRegistration, so this file does not change to add one.
 
 Transport: TLS whenever `<data-dir>/tls` holds material (`fedrl-server
