@@ -9,8 +9,6 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from server_harness import InProcessServer, join, server_config
-from test_experience_support import GAMMA, SPEC_HASH, Server, cartpole_spec, make_batch
 
 from fedrl.client.federation.experience_exchange import (
     KIND,
@@ -32,6 +30,8 @@ from fedrl.client.training.learner import Learner, LearnerConfig
 from fedrl.client.training.replay import PrioritizedReplay
 from fedrl.client.training.transitions import TransitionBatch
 from fedrl.common.experience import BatchAssembler
+from tests.support.experience import GAMMA, SPEC_HASH, Server, cartpole_spec, make_batch
+from tests.support.server_harness import InProcessServer, join, server_config
 
 OBS = (4,)
 

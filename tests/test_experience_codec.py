@@ -7,7 +7,6 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from test_experience_support import assert_same_batch, make_batch
 
 from fedrl.common.chunking import DecodeLimits
 from fedrl.common.errors import DecodeError
@@ -25,6 +24,7 @@ from fedrl.common.experience import (
 from fedrl.common.serde import encode_tensor
 from fedrl.proto.v1 import experience_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
+from tests.support.experience import assert_same_batch, make_batch
 
 LIMITS = DecodeLimits(max_tensors=1, max_total_raw_bytes=1 << 20)
 

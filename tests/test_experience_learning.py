@@ -19,8 +19,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from server_harness import join
-from test_experience_support import CONFIG, SPEC_HASH, Server, cartpole_spec
 
 from fedrl.client.federation.experience_exchange import (
     ExchangeConfig,
@@ -31,6 +29,8 @@ from fedrl.client.federation.experience_exchange import (
 from fedrl.client.training.learner import Learner, LearnerConfig
 from fedrl.client.training.transitions import TransitionBatch
 from fedrl.common.experience import ExperienceBatch, batch_messages
+from tests.support.experience import CONFIG, SPEC_HASH, Server, cartpole_spec
+from tests.support.server_harness import join
 
 GAMMA = 0.99
 TEACHER_TRANSITIONS = 20_000

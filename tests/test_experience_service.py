@@ -13,20 +13,20 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from server_harness import join, metadata
-from test_experience_support import (
-    CONFIG,
-    Server,
-    assert_same_batch,
-    cartpole_spec,
-    make_batch,
-)
 
 from fedrl.common.chunking import DecodeLimits, chunk_tensors
 from fedrl.common.experience import BatchAssembler, ExperienceBatch, batch_messages
 from fedrl.proto.v1 import experience_pb2 as pb
 from fedrl.proto.v1 import experience_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
+from tests.support.experience import (
+    CONFIG,
+    Server,
+    assert_same_batch,
+    cartpole_spec,
+    make_batch,
+)
+from tests.support.server_harness import join, metadata
 
 
 @pytest.fixture

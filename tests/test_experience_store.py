@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_experience_support import assert_same_batch, make_batch
 
 from fedrl.common.experience import ExperienceBatch, batch_header, decode_batch, encode_batch
 from fedrl.proto.v1 import experience_pb2 as pb
@@ -20,6 +19,7 @@ from fedrl.server.experience_store import (
     last_acknowledged,
     participant_counts,
 )
+from tests.support.experience import assert_same_batch, make_batch
 
 SESSION = "default"
 

@@ -7,7 +7,6 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from test_experience_support import SPEC_HASH, cartpole_spec, make_batch
 
 from fedrl.common.experience import ExperienceBatch
 from fedrl.proto.v1 import tensor_pb2 as tpb
@@ -16,6 +15,7 @@ from fedrl.server.experience_validation import (
     ValidationLimits,
     validate_batch,
 )
+from tests.support.experience import SPEC_HASH, cartpole_spec, make_batch
 
 LIMITS = ValidationLimits(max_transitions=1000, reward_bound=100.0, max_n_step=5)
 

@@ -12,13 +12,13 @@ import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_experience_support import assert_same_batch, make_batch
 
 from fedrl.common.chunking import DecodeLimits
 from fedrl.common.errors import DecodeError
 from fedrl.common.experience import BatchAssembler, ExperienceBatch, batch_messages
 from fedrl.proto.v1 import experience_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
+from tests.support.experience import assert_same_batch, make_batch
 
 KiB, MiB = 1 << 10, 1 << 20
 LIMITS = DecodeLimits(max_tensors=1, max_total_raw_bytes=256 * KiB, max_chunk_bytes=64 * KiB)

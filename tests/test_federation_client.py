@@ -11,7 +11,6 @@ from typing import TypeVar
 import grpc
 import numpy as np
 import pytest
-from server_harness import InProcessServer, make_spec, named, server_config
 
 from fedrl.client.federation.federation_client import (
     AlreadySeededError,
@@ -25,6 +24,7 @@ from fedrl.client.federation.federation_client import (
 )
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
+from tests.support.server_harness import InProcessServer, make_spec, named, server_config
 
 T = TypeVar("T")
 SPEC = make_spec([(3, 4), (4,)])

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from server_harness import InProcessServer, join, make_spec, push, seed, server_config
 
 from fedrl.client.commands.plot import (
     PlotConfig,
@@ -27,6 +26,7 @@ from fedrl.client.training.learner import LearnerConfig
 from fedrl.common.status_file import status_to_json
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.server.cli import main as fedrl_server
+from tests.support.server_harness import InProcessServer, join, make_spec, push, seed, server_config
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_harness import join, metadata, update_messages
-from test_security_tls import CALL_TIMEOUT_S, SPEC, ZERO, SecureFederation, seeded
 
 from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
+from tests.support.server_harness import join, metadata, update_messages
+from tests.test_security_tls import CALL_TIMEOUT_S, SPEC, ZERO, SecureFederation, seeded
 
 FUZZER = "fuzzer"
 BUDGET = 100

@@ -19,8 +19,12 @@ import grpc
 import numpy as np
 import pytest
 import zstandard
-from server_harness import join, make_spec, metadata, push, seed, update_messages
-from test_security_tls import (
+
+from fedrl.common.spec import spec_hash
+from fedrl.proto.v1 import federation_pb2 as pb
+from fedrl.proto.v1 import tensor_pb2 as tpb
+from tests.support.server_harness import join, make_spec, metadata, push, seed, update_messages
+from tests.test_security_tls import (
     CALL_TIMEOUT_S,
     ONES,
     SPEC,
@@ -29,10 +33,6 @@ from test_security_tls import (
     rpc_error,
     seeded,
 )
-
-from fedrl.common.spec import spec_hash
-from fedrl.proto.v1 import federation_pb2 as pb
-from fedrl.proto.v1 import tensor_pb2 as tpb
 
 PUSH_METHOD = "/fedrl.v1.Federation/PushUpdate"
 CHUNK_BYTES = 1 << 16

@@ -9,7 +9,6 @@ from typing import Any
 import grpc
 import pytest
 from click.testing import CliRunner, Result
-from server_harness import ServerProcess, join, make_spec
 
 from fedrl.client.federation.channel import open_channel
 from fedrl.common.tls import ParticipantBundle
@@ -17,6 +16,7 @@ from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.server.cli import main
 from fedrl.server.config import ServerConfig
+from tests.support.server_harness import ServerProcess, join, make_spec
 
 SPEC = make_spec([(4,)])
 

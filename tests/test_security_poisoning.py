@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from server_harness import join, make_spec, pull, push
-from test_security_tls import SecureFederation, seeded
 
 from fedrl.server.aggregation import make_strategy
+from tests.support.server_harness import join, make_spec, pull, push
+from tests.test_security_tls import SecureFederation, seeded
 
 SPEC = make_spec([(16, 8), (8,)])
 PARTICIPANTS = ["ana", "bo", "chen", "dara", "эва"]

@@ -19,18 +19,6 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from server_harness import (
-    CHANNEL_OPTIONS,
-    InProcessServer,
-    join,
-    make_spec,
-    metadata,
-    pull,
-    push,
-    seed,
-    server_config,
-    update_messages,
-)
 
 from fedrl.common.tls import (
     CertifiedKey,
@@ -44,6 +32,18 @@ from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
 from fedrl.server.auth import issue_token, record_issued, revoke
+from tests.support.server_harness import (
+    CHANNEL_OPTIONS,
+    InProcessServer,
+    join,
+    make_spec,
+    metadata,
+    pull,
+    push,
+    seed,
+    server_config,
+    update_messages,
+)
 
 CALL_TIMEOUT_S = 30
 

@@ -7,10 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from server_harness import make_spec
-
 from fedrl.common.spec import spec_hash
 from fedrl.server.state_db import AckBatcher, AckRow, DbRunner, StateDB
+from tests.support.server_harness import make_spec
 
 T = TypeVar("T")
 SPEC = make_spec([(2,)])

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from server_harness import make_spec
 
 from fedrl.common.spec import spec_hash
 from fedrl.server.aggregation import WeightedMean
@@ -15,6 +14,7 @@ from fedrl.server.aggregator import Aggregator, AggregatorSettings
 from fedrl.server.model_store import ModelStore
 from fedrl.server.state_db import DbRunner, StateDB
 from fedrl.server.update_log import LoggedUpdate, UpdateLog
+from tests.support.server_harness import make_spec
 
 SPEC = make_spec([(4,)])
 SESSION = "s"

@@ -20,10 +20,10 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from server_harness import ServerProcess, channel, join, make_spec, push, seed
 
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.server.session import DB_FILE
+from tests.support.server_harness import ServerProcess, channel, join, make_spec, push, seed
 
 SPEC = make_spec([(100, 1000)])
 PARTICIPANTS = ("alice", "Макар", "小明")

@@ -12,7 +12,12 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from server_harness import (
+
+from fedrl.common.spec import spec_hash
+from fedrl.proto.v1 import federation_pb2 as pb
+from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
+from fedrl.proto.v1 import tensor_pb2 as tpb
+from tests.support.server_harness import (
     InProcessServer,
     channel,
     join,
@@ -24,11 +29,6 @@ from server_harness import (
     server_config,
     update_messages,
 )
-
-from fedrl.common.spec import spec_hash
-from fedrl.proto.v1 import federation_pb2 as pb
-from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
-from fedrl.proto.v1 import tensor_pb2 as tpb
 
 SPEC = make_spec([(3, 2), (2,)])
 INITIAL = [np.arange(6, dtype=np.float32).reshape(3, 2), np.array([1.0, -1.0], np.float32)]

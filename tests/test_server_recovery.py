@@ -10,16 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from server_harness import (
-    InProcessServer,
-    ServerProcess,
-    join,
-    make_spec,
-    pull,
-    push,
-    seed,
-    server_config,
-)
 
 from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
@@ -33,6 +23,16 @@ from fedrl.server.session import (
     PushRequest,
 )
 from fedrl.server.update_log import UpdateLog
+from tests.support.server_harness import (
+    InProcessServer,
+    ServerProcess,
+    join,
+    make_spec,
+    pull,
+    push,
+    seed,
+    server_config,
+)
 
 SPEC = make_spec([(4,)])
 INITIAL = [np.zeros(4, np.float32)]

@@ -18,7 +18,6 @@ from typing import TypeVar
 import grpc
 import numpy as np
 import pytest
-from server_harness import InProcessServer, make_spec, metadata, named, server_config
 
 from fedrl.client.federation.federation_client import (
     FederationClient,
@@ -30,6 +29,7 @@ from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
 from fedrl.server.limits import drain
+from tests.support.server_harness import InProcessServer, make_spec, metadata, named, server_config
 
 T = TypeVar("T")
 SPEC = make_spec([(64, 64)])

@@ -9,12 +9,12 @@ from typing import TypeVar
 
 import numpy as np
 import pytest
-from server_harness import make_spec, server_config
 
 from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import tensor_pb2 as tpb
 from fedrl.server.refusals import InvalidRequestError, NotFoundError, PreconditionError
 from fedrl.server.session import Federation, PushRequest
+from tests.support.server_harness import make_spec, server_config
 
 T = TypeVar("T")
 SPEC = make_spec([(4,)])

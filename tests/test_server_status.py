@@ -15,7 +15,15 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from server_harness import (
+
+from fedrl.common.status_file import read_status_file
+from fedrl.common.status_table import display_width, render_status
+from fedrl.proto.v1 import federation_pb2 as pb
+from fedrl.server.app import run_server
+from fedrl.server.auth import InsecureBindError
+from fedrl.server.cli import main, serve_command
+from fedrl.server.config import ServerConfig
+from tests.support.server_harness import (
     InProcessServer,
     ServerProcess,
     channel,
@@ -25,14 +33,6 @@ from server_harness import (
     seed,
     server_config,
 )
-
-from fedrl.common.status_file import read_status_file
-from fedrl.common.status_table import display_width, render_status
-from fedrl.proto.v1 import federation_pb2 as pb
-from fedrl.server.app import run_server
-from fedrl.server.auth import InsecureBindError
-from fedrl.server.cli import main, serve_command
-from fedrl.server.config import ServerConfig
 
 SPEC = make_spec([(4,)])
 

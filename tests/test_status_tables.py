@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from server_harness import InProcessServer, join, make_spec, push, seed, server_config
 
 from fedrl.common.status_table import render_status
 from fedrl.proto.v1 import federation_pb2 as pb
+from tests.support.server_harness import InProcessServer, join, make_spec, push, seed, server_config
 
 SPEC = make_spec([(4,)])
 # Cyrillic, CJK (two cells a character), and a combining mark with no

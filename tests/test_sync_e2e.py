@@ -21,7 +21,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from server_harness import InProcessServer, ServerProcess, server_config
 
 from fedrl.client.federation.federation_client import FederationClient
 from fedrl.client.federation.outbox import Outbox
@@ -30,6 +29,7 @@ from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.proto.v1 import federation_pb2 as pb
+from tests.support.server_harness import InProcessServer, ServerProcess, server_config
 
 CLIENT = [sys.executable, "-c", "from fedrl.client.commands.cli import main; main()"]
 SERIAL = ["--workers", "0", "--envs-per-worker", "4", "--eval-interval", "0"]

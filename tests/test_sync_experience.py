@@ -13,8 +13,6 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 from click.testing import CliRunner
-from server_harness import InProcessServer, join, server_config
-from test_experience_support import Server
 
 from fedrl.client.commands.cli import main
 from fedrl.client.commands.config import TrainConfig
@@ -34,6 +32,8 @@ from fedrl.client.training.transitions import TransitionBatch
 from fedrl.common.config_cli import config_from_options
 from fedrl.common.tls import ParticipantBundle, create_ca, issue_participant_cert
 from fedrl.proto.v1 import federation_pb2 as pb
+from tests.support.experience import Server
+from tests.support.server_harness import InProcessServer, join, server_config
 
 SMALL = LearnerConfig(hidden=(32, 32), learning_starts=64, batch_size=32, device="cpu")
 EXCHANGE = ExchangeConfig(

@@ -14,7 +14,6 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from server_harness import InProcessServer, server_config
 
 from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.federation_client import build_update
@@ -32,6 +31,7 @@ from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
+from tests.support.server_harness import InProcessServer, server_config
 
 SMALL = LearnerConfig(hidden=(32, 32), learning_starts=64, batch_size=32, device="cpu")
 FAST_RETRY = BackoffPolicy(base_s=0.1, cap_s=0.5)

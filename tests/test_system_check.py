@@ -13,7 +13,6 @@ import grpc
 import pytest
 from click.testing import CliRunner
 from grpc_health.v1 import health, health_pb2_grpc
-from server_harness import InProcessServer, server_config
 
 from fedrl.client.commands.system_check import (
     QUICK_BATCH_SIZES,
@@ -35,6 +34,7 @@ from fedrl.common.tls import (
     issue_participant_cert,
     issue_server_cert,
 )
+from tests.support.server_harness import InProcessServer, server_config
 
 
 @pytest.mark.timeout(180)  # a bound, not a timing assertion: the probe must end by itself

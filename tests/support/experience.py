@@ -13,7 +13,6 @@ from typing import Any, TypeVar
 
 import grpc
 import numpy as np
-from server_harness import channel, server_config
 
 from fedrl.common.experience import ExperienceBatch
 from fedrl.common.spec import spec_hash
@@ -25,6 +24,7 @@ from fedrl.server.experience_exchange import ExperienceConfig, ExperienceExchang
 from fedrl.server.experience_service import experience_service
 from fedrl.server.experience_store import StoreConfig
 from fedrl.server.experience_validation import ValidationLimits
+from tests.support.server_harness import channel, server_config
 
 OBS_SHAPE = (4,)
 ACTIONS = 2

@@ -1,0 +1,1 @@
+"""What the tests share besides fixtures (those are in tests/conftest.py)."""
