@@ -174,20 +174,18 @@ def test_cursor_file_survives_a_restart_and_a_damaged_one_reads_as_zero(tmp_path
     assert cursor.load() == 0
 
 
-def test_outbox_entries_reach_another_participant_through_a_real_server(tmp_path: Path) -> None:
-    server = Server(tmp_path / "server").start()
-    try:
-        federation, _ = server.stubs()
-        join(federation, "alice", cartpole_spec())
-        join(federation, "bob", cartpole_spec())
-        outbox = Outbox(tmp_path / "alice-outbox")
-        sent = [make_batch(100, seed=s) for s in range(3)]
-        for batch in sent:
-            queue_experience(outbox, batch, session="default", participant_id="alice")
+def test_outbox_entries_reach_another_participant_through_a_real_server(
+    tmp_path: Path, experience_server: Server
+) -> None:
+    federation, _ = experience_server.stubs()
+    join(federation, "alice", cartpole_spec())
+    join(federation, "bob", cartpole_spec())
+    outbox = Outbox(tmp_path / "alice-outbox")
+    sent = [make_batch(100, seed=s) for s in range(3)]
+    for batch in sent:
+        queue_experience(outbox, batch, session="default", participant_id="alice")
 
-        pushed, first, second = asyncio.run(_push_then_pull(server.address, outbox))
-    finally:
-        server.stop()
+    pushed, first, second = asyncio.run(_push_then_pull(experience_server.address, outbox))
 
     assert pushed == 3 and outbox.size(KIND) == (0, 0)
     assert [h.sequence for h, _ in first.batches] == [1, 2]
@@ -205,20 +203,18 @@ async def _push_then_pull(address: str, outbox: Outbox) -> tuple[int, Pulled, Pu
     return pushed, first, second
 
 
-def test_a_refused_entry_is_set_aside_and_the_rest_still_go(tmp_path: Path) -> None:
-    server = Server(tmp_path / "server").start()
-    try:
-        federation, _ = server.stubs()
-        join(federation, "alice", cartpole_spec())
-        outbox = Outbox(tmp_path / "alice-outbox")
-        bad = make_batch(10)
-        bad.action[0] = 5
-        queue_experience(outbox, bad, session="default", participant_id="alice")
-        queue_experience(outbox, make_batch(10), session="default", participant_id="alice")
+def test_a_refused_entry_is_set_aside_and_the_rest_still_go(
+    tmp_path: Path, experience_server: Server
+) -> None:
+    federation, _ = experience_server.stubs()
+    join(federation, "alice", cartpole_spec())
+    outbox = Outbox(tmp_path / "alice-outbox")
+    bad = make_batch(10)
+    bad.action[0] = 5
+    queue_experience(outbox, bad, session="default", participant_id="alice")
+    queue_experience(outbox, make_batch(10), session="default", participant_id="alice")
 
-        pushed = asyncio.run(_send(server.address, outbox))
-    finally:
-        server.stop()
+    pushed = asyncio.run(_send(experience_server.address, outbox))
 
     assert pushed == 1 and outbox.size(KIND) == (0, 0)
     assert len(list((tmp_path / "alice-outbox" / "rejected").iterdir())) == 1
@@ -252,28 +248,25 @@ async def _exchange_round(address: str, *rounds: tuple[ExperienceSync, str, Outb
 
 def test_experience_sync_moves_recent_transitions_into_the_others_foreign_replay(
     tmp_path: Path,
+    experience_server: Server,
 ) -> None:
-    server = Server(tmp_path / "server").start()
-    try:
-        federation, _ = server.stubs()
-        join(federation, "alice", cartpole_spec())
-        join(federation, "bob", cartpole_spec())
-        alice, bob = _sync(tmp_path, "alice"), _sync(tmp_path, "bob")
-        alice_outbox, bob_outbox = Outbox(tmp_path / "a-out"), Outbox(tmp_path / "b-out")
-        alice.record(_transitions(500))
-        alice.queue(alice_outbox)
-        replay = MixedReplay(_replay(100, 0), _replay(1000, 1), foreign_share=0.25, gamma=GAMMA)
+    federation, _ = experience_server.stubs()
+    join(federation, "alice", cartpole_spec())
+    join(federation, "bob", cartpole_spec())
+    alice, bob = _sync(tmp_path, "alice"), _sync(tmp_path, "bob")
+    alice_outbox, bob_outbox = Outbox(tmp_path / "a-out"), Outbox(tmp_path / "b-out")
+    alice.record(_transitions(500))
+    alice.queue(alice_outbox)
+    replay = MixedReplay(_replay(100, 0), _replay(1000, 1), foreign_share=0.25, gamma=GAMMA)
 
-        asyncio.run(
-            _exchange_round(
-                server.address, (alice, "alice", alice_outbox), (bob, "bob", bob_outbox)
-            )
+    asyncio.run(
+        _exchange_round(
+            experience_server.address, (alice, "alice", alice_outbox), (bob, "bob", bob_outbox)
         )
-        added = bob.adopt(replay)
-        asyncio.run(_exchange_round(server.address, (bob, "bob", bob_outbox)))
-        again = bob.adopt(replay)
-    finally:
-        server.stop()
+    )
+    added = bob.adopt(replay)
+    asyncio.run(_exchange_round(experience_server.address, (bob, "bob", bob_outbox)))
+    again = bob.adopt(replay)
 
     assert (added, again) == (64, 0)
     assert len(replay.foreign) == 64 and len(replay.local) == 0

@@ -11,8 +11,6 @@ greedy return (measured: ~240 against ~16 over four seeds).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import gymnasium as gym
@@ -38,15 +36,6 @@ TEACHER_TRANSITIONS = 20_000
 STUDENT_STEPS = 300
 UPDATES_PER_STEP = 10
 SEEDS = (0, 1, 2)
-
-
-@pytest.fixture
-def single_thread_torch() -> Iterator[None]:
-    """Students train one after another; extra threads only fight the other tests for cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def teacher_batches(count: int, *, seed: int, batch_rows: int = 2000) -> list[ExperienceBatch]:
@@ -161,17 +150,13 @@ async def _exchange(address: str, batches: list[ExperienceBatch]) -> list[Experi
 
 @pytest.mark.slow
 def test_a_participant_training_on_foreign_experience_learns_better(
-    tmp_path: Path, single_thread_torch: None
+    experience_server: Server, one_torch_thread: None
 ) -> None:
-    server = Server(tmp_path / "server").start()
-    try:
-        federation, _ = server.stubs()
-        for pid in ("teacher", "student"):
-            join(federation, pid, cartpole_spec())
-        taught = teacher_batches(TEACHER_TRANSITIONS, seed=7)
-        foreign = asyncio.run(_exchange(server.address, taught))
-    finally:
-        server.stop()
+    federation, _ = experience_server.stubs()
+    for pid in ("teacher", "student"):
+        join(federation, pid, cartpole_spec())
+    taught = teacher_batches(TEACHER_TRANSITIONS, seed=7)
+    foreign = asyncio.run(_exchange(experience_server.address, taught))
     assert sum(len(b) for b in foreign) == TEACHER_TRANSITIONS
 
     with_foreign = [train_student(foreign, share=0.5, seed=seed) for seed in SEEDS]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import sqlite3
-import time
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,15 +30,8 @@ from tests.support.server_harness import join, metadata
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    started = Server(tmp_path / "data").start()
-    yield started
-    started.stop()
-
-
-@pytest.fixture
-def exchange(server: Server) -> pb_grpc.ExperienceExchangeStub:
-    federation, experience = server.stubs()
+def exchange(experience_server: Server) -> pb_grpc.ExperienceExchangeStub:
+    federation, experience = experience_server.stubs()
     for pid in ("alice", "bob", "Макар"):
         join(federation, pid, cartpole_spec())
     return experience
@@ -154,7 +147,7 @@ INVALID = [
     ("change", "reason"), [(c, r) for _, c, r in INVALID], ids=[name for name, _, _ in INVALID]
 )
 def test_an_invalid_batch_is_refused_with_its_reason_and_nothing_is_stored(
-    server: Server, exchange: pb_grpc.ExperienceExchangeStub, change: Any, reason: str
+    experience_server: Server, exchange: pb_grpc.ExperienceExchangeStub, change: Any, reason: str
 ) -> None:
     with pytest.raises(grpc.RpcError) as refused:
         push(exchange, "alice", (1, change(make_batch(20))))
@@ -163,7 +156,7 @@ def test_an_invalid_batch_is_refused_with_its_reason_and_nothing_is_stored(
     assert reason in refused.value.details()
     received, end = pull(exchange, "bob")
     assert received == [] and end.transitions_sent == 0
-    assert _rejected_in_store(server, "alice") == 1
+    assert _rejected_in_store(experience_server, "alice") == 1
 
 
 def test_batches_before_an_invalid_one_stay_stored_and_resend_as_duplicates(
@@ -191,7 +184,7 @@ def test_pushing_as_someone_else_is_permission_denied(
 
 
 def test_a_refused_push_reaches_an_asyncio_client_as_its_status_not_internal(
-    server: Server, exchange: pb_grpc.ExperienceExchangeStub
+    experience_server: Server, exchange: pb_grpc.ExperienceExchangeStub
 ) -> None:
     # Many small chunks keep the client writing after the header was refused:
     # without the server reading the rest first, grpc.aio reported some of
@@ -203,7 +196,7 @@ def test_a_refused_push_reaches_an_asyncio_client_as_its_status_not_internal(
 
     async def refusals() -> list[grpc.StatusCode]:
         codes = []
-        async with grpc.aio.insecure_channel(server.address) as opened:
+        async with grpc.aio.insecure_channel(experience_server.address) as opened:
             stub = pb_grpc.ExperienceExchangeStub(opened)  # type: ignore[no-untyped-call]
             for _ in range(30):
                 try:
@@ -315,7 +308,7 @@ def test_malformed_push_streams_are_refused_with_what_was_wrong(
 
 
 def test_a_batch_declaring_more_than_the_server_accepts_is_refused_before_its_data(
-    server: Server, exchange: pb_grpc.ExperienceExchangeStub
+    experience_server: Server, exchange: pb_grpc.ExperienceExchangeStub
 ) -> None:
     messages = batch_messages(make_batch(10), session="default", participant_id="alice", sequence=1)
     messages[0].header.column_specs[0].shape[1] = 1 << 40
@@ -324,7 +317,7 @@ def test_a_batch_declaring_more_than_the_server_accepts_is_refused_before_its_da
 
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "more than the limit" in refused.details()
-    assert _rejected_in_store(server, "alice") == 1
+    assert _rejected_in_store(experience_server, "alice") == 1
 
 
 def test_a_push_that_stalls_mid_batch_is_dropped(tmp_path: Path) -> None:
@@ -338,13 +331,19 @@ def test_a_push_that_stalls_mid_batch_is_dropped(tmp_path: Path) -> None:
             make_batch(50), session="default", participant_id="alice", sequence=1, chunk_bytes=256
         )
 
+        answered = threading.Event()
+
         def stalling() -> Iterator[pb.ExperienceChunk]:
             yield from messages[:2]
-            time.sleep(2.0)
+            # Silent until the server has answered (or the call's own deadline).
+            answered.wait(30)
             yield from messages[2:]
 
-        with pytest.raises(grpc.RpcError) as refused:
-            stub.PushExperience(stalling(), metadata=metadata("alice"), timeout=30)
+        try:
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.PushExperience(stalling(), metadata=metadata("alice"), timeout=30)
+        finally:
+            answered.set()
     finally:
         server.stop()
 

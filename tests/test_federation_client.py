@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -23,6 +23,7 @@ from fedrl.client.federation.federation_client import (
     build_update,
 )
 from fedrl.proto.v1 import federation_pb2 as pb
+from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
 from tests.support.server_harness import InProcessServer, make_spec, named, server_config
 
@@ -31,10 +32,9 @@ SPEC = make_spec([(3, 4), (4,)])
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[InProcessServer]:
+def server(start_server: Callable[..., InProcessServer]) -> InProcessServer:
     # buffer_size=1: every accepted update becomes a version at once.
-    with InProcessServer(server_config(tmp_path / "server", buffer_size=1)) as running:
-        yield running
+    return start_server(buffer_size=1)
 
 
 def run_as(
@@ -109,7 +109,7 @@ def test_pushed_bfloat16_delta_reaches_the_global_model(server: InProcessServer)
         await client.join(SPEC)
         await client.seed_model(initial)
         reply = await client.push_update(update(client, 1, delta))
-        await wait_for_version(client, 1)
+        await wait_for_version(server.address, 1)
         return reply, await client.pull_model()
 
     reply, model = run_as(server.address, "alice", body)
@@ -147,7 +147,7 @@ def test_pull_with_a_held_version_adds_the_servers_delta(server: InProcessServer
         await client.seed_model(weights(0))
         held = await client.pull_model()
         await client.push_update(update(client, 1, weights(1), dtype=tpb.DTYPE_FLOAT32))
-        await wait_for_version(client, 1)
+        await wait_for_version(server.address, 1)
         return await client.pull_model(have=held), await client.pull_model()
 
     via_delta, full = run_as(server.address, "alice", body)
@@ -235,12 +235,14 @@ def test_unreachable_server_is_unavailable() -> None:
         asyncio.run(body())
 
 
-async def wait_for_version(client: FederationClient, version: int) -> None:
-    """The aggregator publishes a version shortly after the ack; poll for it."""
-    for _ in range(200):
-        if (await client.get_version()).current_version >= version:
-            return
-        await asyncio.sleep(0.05)
+async def wait_for_version(address: str, version: int) -> None:
+    """The aggregator publishes a version shortly after the ack; wait for its notice."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.FederationStub(channel)  # type: ignore[no-untyped-call]
+        request = pb.GetVersionRequest(session="default")
+        async for notice in stub.WatchVersions(request, timeout=10):
+            if notice.current_version >= version:
+                return
     raise AssertionError(f"version {version} did not appear")
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,9 @@ import torch
 from fedrl.client.training.learner import Learner, LearnerConfig, resolve_device
 from fedrl.client.training.replay import PrioritizedReplay
 from fedrl.client.training.transitions import TransitionBatch
+
+# Tiny networks: one intra-op thread each (conftest's one_torch_thread).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # A deterministic chain: states 0..3 (one-hot). "right" (action 0) moves to the
 # next state; from state 3 it ends the episode with reward 1. "quit" (action 1)
@@ -35,16 +37,6 @@ SMALL = LearnerConfig(
     device="cpu",
     seed=0,
 )
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    """These networks are tiny: a second intra-op thread only fights the other
-    processes on a shared 2-core machine (measured 30x slower under load)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _chain_transitions(copies: int) -> TransitionBatch:

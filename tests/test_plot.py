@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,15 @@ from fedrl.client.training.learner import LearnerConfig
 from fedrl.common.status_file import status_to_json
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.server.cli import main as fedrl_server
-from tests.support.server_harness import InProcessServer, join, make_spec, push, seed, server_config
+from tests.support.server_harness import (
+    InProcessServer,
+    join,
+    make_spec,
+    push,
+    seed,
+    server_config,
+    wait_for_version,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -53,14 +60,6 @@ def record_training(root: Path, participant_id: str = "Макар") -> Path:
         engine.close()
         state.close()
     return state.path
-
-
-def wait_for_version(stub: Any, version: int, timeout_s: float = 60.0) -> None:
-    """Aggregation is asynchronous: wait until the server committed `version`."""
-    deadline = time.monotonic() + timeout_s
-    while stub.Status(pb.StatusRequest(), timeout=30).sessions[0].current_version < version:
-        assert time.monotonic() < deadline, f"version {version} was never committed"
-        time.sleep(0.05)
 
 
 def write_documented_metrics(path: Path) -> None:

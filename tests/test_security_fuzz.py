@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
+from tests.support.secure_federation import CALL_TIMEOUT_S, SPEC, ZERO, SecureFederation, seeded
 from tests.support.server_harness import join, metadata, update_messages
-from tests.test_security_tls import CALL_TIMEOUT_S, SPEC, ZERO, SecureFederation, seeded
 
 FUZZER = "fuzzer"
 BUDGET = 100

@@ -23,8 +23,7 @@ import zstandard
 from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from tests.support.server_harness import join, make_spec, metadata, push, seed, update_messages
-from tests.test_security_tls import (
+from tests.support.secure_federation import (
     CALL_TIMEOUT_S,
     ONES,
     SPEC,
@@ -33,6 +32,7 @@ from tests.test_security_tls import (
     rpc_error,
     seeded,
 )
+from tests.support.server_harness import join, make_spec, metadata, push, seed, update_messages
 
 PUSH_METHOD = "/fedrl.v1.Federation/PushUpdate"
 CHUNK_BYTES = 1 << 16

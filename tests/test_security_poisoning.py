@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 from fedrl.server.aggregation import make_strategy
+from tests.support.secure_federation import SecureFederation, seeded
 from tests.support.server_harness import join, make_spec, pull, push
-from tests.test_security_tls import SecureFederation, seeded
 
 SPEC = make_spec([(16, 8), (8,)])
 PARTICIPANTS = ["ana", "bo", "chen", "dara", "эва"]

@@ -154,14 +154,21 @@ def test_encoding_from_many_threads_at_once_is_safe() -> None:
     arrays = [
         np.random.default_rng(i).standard_normal(200_000).astype(np.float32) for i in range(8)
     ]
+    # What one thread alone gets: the bfloat16 rounding of each array, bit for bit.
+    expected = [
+        decode_tensor(
+            *encode_tensor("w", array, dtype=pb.DTYPE_BFLOAT16), max_raw_bytes=1 << 22
+        ).tobytes()
+        for array in arrays
+    ]
 
-    def encode_and_decode(array: np.ndarray) -> bool:
+    def encode_and_decode(index: int) -> bool:
         for _ in range(5):
-            header, data = encode_tensor("w", array, dtype=pb.DTYPE_BFLOAT16)
+            header, data = encode_tensor("w", arrays[index], dtype=pb.DTYPE_BFLOAT16)
             decoded = decode_tensor(header, data, max_raw_bytes=1 << 22)
-            if decoded.shape != array.shape:
+            if decoded.shape != arrays[index].shape or decoded.tobytes() != expected[index]:
                 return False
         return True
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        assert all(pool.map(encode_and_decode, arrays))
+        assert all(pool.map(encode_and_decode, range(len(arrays))))

@@ -23,6 +23,7 @@ import pytest
 
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.server.session import DB_FILE
+from tests.support.polling import wait_until
 from tests.support.server_harness import ServerProcess, channel, join, make_spec, push, seed
 
 SPEC = make_spec([(100, 1000)])
@@ -145,23 +146,32 @@ def test_sigkill_at_random_moments_loses_and_doubles_nothing(tmp_path: Path) -> 
     try:
         newest = 0
         for _ in range(KILLS):
-            time.sleep(rng.uniform(0.3, 1.5))
+            time.sleep(rng.uniform(0.3, 1.5))  # a random moment to kill at: the test itself
             server.kill()
             server.start()
             reached = check_versions(data, running=True)
             assert reached >= newest, "a committed version disappeared"
             newest = reached
-        time.sleep(1.0)
+        before = [len(pusher.acked) for pusher in pushers]
+        wait_until(
+            lambda: all(len(p.acked) > n for p, n in zip(pushers, before, strict=True)),
+            120,
+            "every participant to get through to the last server",
+        )
     finally:
         for pusher in pushers:
             pusher.stop.set()
         for pusher in pushers:
             pusher.join(timeout=60)
-    # Let the last buffer time out into a version, then stop gracefully.
-    time.sleep(1.0)
-    assert server.terminate() == 0
-
     acked = {(p.participant_id, seq) for p in pushers for seq in p.acked}
+    # Let the last buffer time out into a version, then stop gracefully.
+    wait_until(
+        lambda: all(ledger(data).get(key) is not None for key in acked),
+        120,
+        "every acknowledged update in a version",
+    )
+    assert server.stop() == 0
+
     applied = ledger(data)
     final = check_versions(data, running=False)
     assert len(acked) > 3 * len(PARTICIPANTS)

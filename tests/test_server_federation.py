@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -35,9 +35,8 @@ INITIAL = [np.arange(6, dtype=np.float32).reshape(3, 2), np.array([1.0, -1.0], n
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[InProcessServer]:
-    with InProcessServer(server_config(tmp_path / "data", buffer_size=2)) as running:
-        yield running
+def server(start_server: Callable[..., InProcessServer]) -> InProcessServer:
+    return start_server(buffer_size=2)
 
 
 def seeded(server: InProcessServer, *participants: str) -> pb_grpc.FederationStub:
@@ -425,3 +424,4 @@ async def _until_version(server: InProcessServer, version: int) -> None:
     session = server.running.federation.session("default")
     while session.aggregator.current_version < version:
         await asyncio.wait_for(session.changed.wait(), timeout=30)
+

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-import time
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +31,7 @@ from tests.support.server_harness import (
     push,
     seed,
     server_config,
+    wait_for_version,
 )
 
 SPEC = make_spec([(4,)])
@@ -166,7 +166,7 @@ def test_sigterm_folds_the_buffer_into_a_version_and_writes_global_state(tmp_pat
         seed(stub, "Макар", SPEC, INITIAL)
         push(stub, "Макар", SPEC, [np.ones(4, np.float32)], sequence=1, base_version=0, episodes=3)
 
-        status = server.terminate()
+        status = server.stop()
 
     state = json.loads((data / GLOBAL_STATE_FILE).read_text(encoding="utf-8"))
     metrics = [json.loads(line) for line in (data / METRICS_FILE).read_text("utf-8").splitlines()]
@@ -199,7 +199,7 @@ def test_best_version_by_reported_evaluation_is_kept_by_retention(tmp_path: Path
                 base_version=sequence - 1,
                 metrics=metrics,
             )
-            _wait_version(stub, sequence)
+            wait_for_version(stub, sequence)
         status = stub.Status(pb.StatusRequest(session="default"))
 
     session = status.sessions[0]
@@ -223,24 +223,12 @@ def test_spec_hash_of_the_session_survives_restart(tmp_path: Path) -> None:
 
 
 def pull_version(
-    stub: pb_grpc.FederationStub, version: int, timeout_s: float = 60.0
+    stub: pb_grpc.FederationStub, version: int
 ) -> tuple[pb.ModelHeader, list[np.ndarray]]:
-    """Pull until the newest version is at least `version`; fail if it never comes."""
-    deadline = time.monotonic() + timeout_s
+    """The newest model, once the newest version is at least `version`."""
+    wait_for_version(stub, version)
     header, tensors, _ = pull(stub)
-    while header.version < version:
-        assert time.monotonic() < deadline, f"version {version} never came (at {header.version})"
-        time.sleep(0.05)
-        header, tensors, _ = pull(stub)
     return header, tensors
-
-
-def _wait_version(stub: pb_grpc.FederationStub, version: int) -> None:
-    watch = stub.WatchVersions(pb.GetVersionRequest(session="default"))
-    for notice in watch:
-        if notice.current_version >= version:
-            watch.cancel()
-            return
 
 
 def test_update_acked_after_a_newer_one_was_applied_is_applied_after_a_crash(
@@ -273,7 +261,7 @@ def test_update_acked_after_a_newer_one_was_applied_is_applied_after_a_crash(
         bob = PushRequest("default", "bob", 1, 0, 10, 1, 10, spec_hash(SPEC))
         await federation.push(bob, [("t0", np.ones(4, np.float32))])
         while session.aggregator.current_version < 1:
-            await asyncio.sleep(0.01)
+            await asyncio.wait_for(session.changed.wait(), timeout=30)
         await federation._acknowledge(session, slow)
         # kill -9 here: alice is acknowledged, her update in no version. A dead
         # process also drops its lock on the log, which closing it stands for.

@@ -7,7 +7,6 @@ there shows up as a misaligned column here.
 
 from __future__ import annotations
 
-import time
 import unicodedata
 from collections.abc import Iterator
 
@@ -16,7 +15,15 @@ import pytest
 
 from fedrl.common.status_table import render_status
 from fedrl.proto.v1 import federation_pb2 as pb
-from tests.support.server_harness import InProcessServer, join, make_spec, push, seed, server_config
+from tests.support.server_harness import (
+    InProcessServer,
+    join,
+    make_spec,
+    push,
+    seed,
+    server_config,
+    wait_for_version,
+)
 
 SPEC = make_spec([(4,)])
 # Cyrillic, CJK (two cells a character), and a combining mark with no
@@ -89,12 +96,9 @@ def status(tmp_path_factory: pytest.TempPathFactory) -> pb.StatusReply:
                 metrics=pb.UpdateMetrics(mean_return=float(episodes), eval_return=2.0 * episodes),
             )
         # Aggregation is asynchronous: wait until both buffers of two became versions.
-        deadline = time.monotonic() + 60
-        while True:
-            reply: pb.StatusReply = stub.Status(pb.StatusRequest(), timeout=30)
-            if reply.sessions[0].current_version >= 2 or time.monotonic() > deadline:
-                return reply
-            time.sleep(0.1)
+        wait_for_version(stub, 2)
+        reply: pb.StatusReply = stub.Status(pb.StatusRequest(), timeout=30)
+        return reply
 
 
 def test_participant_table_columns_line_up_for_unicode_ids(status: pb.StatusReply) -> None:

@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.proto.v1 import federation_pb2 as pb
+from tests.support.polling import wait_until
 from tests.support.server_harness import InProcessServer, ServerProcess, server_config
 
 CLIENT = [sys.executable, "-c", "from fedrl.client.commands.cli import main; main()"]
@@ -111,14 +111,6 @@ def status(server: ServerProcess) -> pb.SessionState:
     """The default session's state; empty before the first participant creates it."""
     reply = server.stub().Status(pb.StatusRequest(max_versions=10_000))
     return reply.sessions[0] if reply.sessions else pb.SessionState()
-
-
-def wait_until(condition: object, timeout: float, what: str) -> None:
-    assert callable(condition)
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def start_server(
@@ -246,7 +238,7 @@ def test_participant_killed_mid_run_resumes_and_nothing_is_applied_twice_or_lost
     tmp_path: Path, processes: list[Participant | ServerProcess]
 ) -> None:
     server = start_server(tmp_path / "server", processes, "--goal-episodes", "400")
-    assert server.process is not None
+    assert server.running
     state_dir = tmp_path / "state"
     outbox_dir = state_dir / "alice" / "sync" / "default" / "outbox"
     first = start_participant(processes, server.address, str(state_dir), "alice")
@@ -260,13 +252,13 @@ def test_participant_killed_mid_run_resumes_and_nothing_is_applied_twice_or_lost
     # freeze the server so that the next push stays in flight, copy its entry,
     # let the server acknowledge it, then kill the participant and put the
     # copy back where the lost deletion would have left it.
-    server.process.send_signal(signal.SIGSTOP)
+    server.send_signal(signal.SIGSTOP)
     try:
         wait_until(lambda: any(outbox_dir.glob("update-*.sent")), 120, "a push in flight")
         in_flight = next(outbox_dir.glob("update-*.sent"))
         saved = in_flight.read_bytes()
     finally:
-        server.process.send_signal(signal.SIGCONT)
+        server.send_signal(signal.SIGCONT)
     wait_until(lambda: not in_flight.exists(), 120, "the acknowledgement")
     first.process.send_signal(signal.SIGKILL)
     first.wait(30)
@@ -304,7 +296,11 @@ def test_server_killed_and_restarted_mid_run_participants_reconnect_and_finish(
     )
 
     server.kill()
-    time.sleep(3)
+    wait_until(
+        lambda: all("server unreachable" in p.output for p in pair),
+        120,
+        "both participants to notice the server is gone",
+    )
     server.start()
     codes = [p.wait(300) for p in pair]
 

@@ -108,34 +108,30 @@ def foreign_rows(engine: TrainingEngine) -> int:
     return len(replay.foreign)
 
 
-def test_two_participants_receive_each_others_transitions_tagged_foreign(tmp_path: Path) -> None:
-    server = Server(tmp_path / "server").start()
-    try:
-        with (
-            participant(server.address, tmp_path / "a", "Макар", EXCHANGE) as first,
-            # Other seeds: each one's transitions must be its own to tell them apart.
-            participant(server.address, tmp_path / "b", "alice", EXCHANGE, seed=1) as second,
-        ):
-            deadline = time.monotonic() + 60
-            while not all(foreign_rows(engine) for engine, _, _ in (first, second)):
-                assert time.monotonic() < deadline, "no foreign transitions arrived in time"
-                for engine, loop, _ in (first, second):
-                    loop.after_poll(engine.poll())
-            for _, loop, _ in (first, second):
-                loop.finish()
-            draws = {
-                pid: engine.learner.replay.sample(512, beta=0.4)
-                for pid, (engine, _, _) in (("Макар", first), ("alice", second))
-            }
-            local = {"Макар": rows(first[2]), "alice": rows(second[2])}
-            spec = model_spec(
-                "CartPole-v1", first[0].weights(), architecture_name(SMALL.hidden, True)
-            )
-        federation, _ = server.stubs()
-        status = federation.Status(pb.StatusRequest(session="default"))
-        rejoined = join(federation, "alice", spec)
-    finally:
-        server.stop()
+def test_two_participants_receive_each_others_transitions_tagged_foreign(
+    tmp_path: Path, experience_server: Server
+) -> None:
+    with (
+        participant(experience_server.address, tmp_path / "a", "Макар", EXCHANGE) as first,
+        # Other seeds: each one's transitions must be its own to tell them apart.
+        participant(experience_server.address, tmp_path / "b", "alice", EXCHANGE, seed=1) as second,
+    ):
+        deadline = time.monotonic() + 60
+        while not all(foreign_rows(engine) for engine, _, _ in (first, second)):
+            assert time.monotonic() < deadline, "no foreign transitions arrived in time"
+            for engine, loop, _ in (first, second):
+                loop.after_poll(engine.poll())
+        for _, loop, _ in (first, second):
+            loop.finish()
+        draws = {
+            pid: engine.learner.replay.sample(512, beta=0.4)
+            for pid, (engine, _, _) in (("Макар", first), ("alice", second))
+        }
+        local = {"Макар": rows(first[2]), "alice": rows(second[2])}
+        spec = model_spec("CartPole-v1", first[0].weights(), architecture_name(SMALL.hidden, True))
+    federation, _ = experience_server.stubs()
+    status = federation.Status(pb.StatusRequest(session="default"))
+    rejoined = join(federation, "alice", spec)
 
     for pid, other in (("Макар", "alice"), ("alice", "Макар")):
         draw = draws[pid]

@@ -1,17 +1,10 @@
-"""Shared pieces of the experience tests: a CartPole-like spec, valid batches, a real server.
-
-No tests here; the test_experience_* modules import these.
-"""
+"""Shared pieces of the experience tests: a CartPole-like spec, valid batches, a real server."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Coroutine
+import dataclasses
 from pathlib import Path
-from typing import Any, TypeVar
 
-import grpc
 import numpy as np
 
 from fedrl.common.experience import ExperienceBatch
@@ -19,12 +12,11 @@ from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import experience_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import federation_pb2_grpc as fed_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.app import RunningServer, run_server
-from fedrl.server.experience_exchange import ExperienceConfig, ExperienceExchange
+from fedrl.server.experience_exchange import ExperienceConfig
 from fedrl.server.experience_service import experience_service
 from fedrl.server.experience_store import StoreConfig
 from fedrl.server.experience_validation import ValidationLimits
-from tests.support.server_harness import channel, server_config
+from tests.support.server_harness import InProcessServer, channel, server_config
 
 OBS_SHAPE = (4,)
 ACTIONS = 2
@@ -88,7 +80,6 @@ def assert_same_batch(got: ExperienceBatch, expected: ExperienceBatch) -> None:
     )
 
 
-T = TypeVar("T")
 CONFIG = ExperienceConfig(
     store=StoreConfig(max_bytes=8 << 20, participant_quota_bytes=4 << 20),
     validation=ValidationLimits(max_transitions=5000, reward_bound=50.0),
@@ -96,45 +87,17 @@ CONFIG = ExperienceConfig(
 )
 
 
-class Server:
+class Server(InProcessServer):
     """A real server with the experience service, on its own event loop thread."""
 
     def __init__(self, data_dir: Path, config: ExperienceConfig = CONFIG) -> None:
+        registration, exchange = experience_service(data_dir, config)
+        # Closed with the server, as `fedrl-server serve` closes it.
+        service = dataclasses.replace(registration, close=exchange.close)
+        super().__init__(server_config(data_dir), extra_services=[service])
         self.data_dir = data_dir
-        self.config = config
-        self.port = 0
-        self._channels: list[grpc.Channel] = []
-        self._running: RunningServer | None = None
-        self._exchange: ExperienceExchange | None = None
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-
-    def start(self) -> Server:
-        self._thread.start()
-        registration, self._exchange = experience_service(self.data_dir, self.config)
-        self._running, self.port = self._call(
-            run_server(server_config(self.data_dir), extra_services=[registration])
-        )
-        return self
-
-    def stop(self) -> None:
-        for opened in self._channels:
-            opened.close()
-        if self._running is not None and self._exchange is not None:
-            self._call(self._running.stop(1.0))
-            self._call(self._exchange.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=30)
-        self._loop.close()
-
-    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(60)
 
     def stubs(self) -> tuple[fed_grpc.FederationStub, pb_grpc.ExperienceExchangeStub]:
-        opened = channel(f"127.0.0.1:{self.port}")
+        opened = channel(self.address)
         self._channels.append(opened)
         return fed_grpc.FederationStub(opened), pb_grpc.ExperienceExchangeStub(opened)  # type: ignore[no-untyped-call]
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"

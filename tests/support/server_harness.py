@@ -6,13 +6,15 @@ In-process (fast; the test can reach the domain objects)::
         stub = server.stub()
         joined = join(stub, "alice", make_spec([(4,)]))
 
-As a subprocess (for SIGKILL and SIGTERM tests)::
+As a subprocess (for SIGKILL and SIGTERM tests), through the product's
+launcher (fedrl.server.launcher)::
 
     with ServerProcess(tmp_path / "data", "--buffer-size", "2") as proc:
         stub = proc.stub()
         ...
         proc.kill()          # SIGKILL, no cleanup at all
         proc.start()         # same data dir; a new port unless port= was given
+        proc.stop()          # SIGTERM: the graceful path; its exit status
 
 The client helpers below (join, seed, push, pull) speak protocol v1 with the
 real chunking code, so a test reads like a participant's session. They send
@@ -22,11 +24,6 @@ the caller's id as `fedrl-participant-bin` metadata, as a real client does.
 from __future__ import annotations
 
 import asyncio
-import os
-import re
-import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
@@ -42,8 +39,9 @@ from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.app import RunningServer, run_server
+from fedrl.server.app import RunningServer, ServiceRegistration, run_server
 from fedrl.server.config import ServerConfig
+from fedrl.server.launcher import ServerProcess as LaunchedServer
 
 T = TypeVar("T")
 NamedTensors = list[tuple[str, np.ndarray]]
@@ -57,26 +55,6 @@ CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
-_LISTENING = re.compile(r"listening on (\S+):(\d+)")
-START_TIMEOUT_S = 60.0
-# The child asks Linux for SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG),
-# so a test process that crashes or is killed by a timeout, and so runs no
-# cleanup, leaves no server behind holding its port. Set in the child itself:
-# preexec_fn is unsafe in a parent with threads. argv[1] is the parent's pid,
-# to catch a parent that died before the prctl.
-_SERVE_DYING_WITH_PARENT = """
-import ctypes, os, signal, sys
-if sys.platform == "linux":
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-if os.getppid() != int(sys.argv.pop(1)):
-    sys.exit("fedrl test server: parent gone")
-from fedrl.server.cli import main
-main()
-"""
-# fedrl.common.codecs shares one ZstdCompressor, which is not thread-safe
-# (concurrent use crashes the process); tests that push from several threads
-# encode one at a time until that is fixed.
-_ENCODE_LOCK = threading.Lock()
 
 
 def server_config(data_dir: Path, **overrides: Any) -> ServerConfig:
@@ -134,8 +112,7 @@ def seed(
     session: str = "default",
     chunk_bytes: int = 1 << 20,
 ) -> pb.SeedReply:
-    with _ENCODE_LOCK:
-        list_header, chunks = chunk_tensors(named(spec, arrays), chunk_bytes=chunk_bytes)
+    list_header, chunks = chunk_tensors(named(spec, arrays), chunk_bytes=chunk_bytes)
     header = pb.ModelUploadHeader(
         session=session,
         participant_id=participant_id,
@@ -161,8 +138,7 @@ def update_messages(
     metrics: pb.UpdateMetrics | None = None,
 ) -> list[pb.UpdateChunk]:
     """The messages of one PushUpdate stream."""
-    with _ENCODE_LOCK:
-        list_header, chunks = chunk_tensors(named(spec, delta), dtype=dtype)
+    list_header, chunks = chunk_tensors(named(spec, delta), dtype=dtype)
     header = pb.UpdateHeader(
         session=session,
         participant_id=participant_id,
@@ -228,6 +204,38 @@ def pull(
     return header, [array for _, array in assembler.result()], sizes
 
 
+def wait_for_version(
+    stub: pb_grpc.FederationStub,
+    version: int,
+    *,
+    session: str = "default",
+    participant_id: str = "",
+    timeout_s: float = 60.0,
+) -> pb.VersionNotice:
+    """Block until the session's newest version is at least `version`; its notice.
+
+    Aggregation is asynchronous; WatchVersions says when a version is
+    committed, so nothing polls.
+    """
+    notices = stub.WatchVersions(
+        pb.GetVersionRequest(session=session, participant_id=participant_id),
+        metadata=metadata(participant_id) if participant_id else None,
+        timeout=timeout_s,
+    )
+    newest = -1
+    try:
+        for notice in notices:
+            newest = notice.current_version
+            if newest >= version:
+                notices.cancel()
+                return notice  # type: ignore[no-any-return]
+    except grpc.RpcError as exc:
+        raise AssertionError(
+            f"session {session!r} never reached version {version} (at {newest}): {exc}"
+        ) from None
+    raise AssertionError(f"session {session!r} never reached version {version} (at {newest})")
+
+
 def channel(address: str) -> grpc.Channel:
     return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
 
@@ -235,8 +243,11 @@ def channel(address: str) -> grpc.Channel:
 class InProcessServer:
     """A real server on its own event loop thread in this process."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(
+        self, config: ServerConfig, *, extra_services: Sequence[ServiceRegistration] = ()
+    ) -> None:
         self.config = config
+        self.extra_services = extra_services
         self.port = 0
         self.running: RunningServer | None = None
         self._loop = asyncio.new_event_loop()
@@ -249,7 +260,9 @@ class InProcessServer:
 
     def start(self) -> InProcessServer:
         self._thread.start()
-        self.running, self.port = self.call(run_server(self.config))
+        self.running, self.port = self.call(
+            run_server(self.config, extra_services=self.extra_services)
+        )
         return self
 
     def call(self, coroutine: Coroutine[Any, Any, T], timeout: float = 120.0) -> T:
@@ -282,61 +295,12 @@ class InProcessServer:
         self.stop()
 
 
-class ServerProcess:
-    """`fedrl-server serve` in a child process; restartable on the same data dir."""
+class ServerProcess(LaunchedServer):
+    """The launcher's server process, with stubs whose channels close when it goes away."""
 
     def __init__(self, data_dir: Path, *options: str, port: int = 0) -> None:
-        self.data_dir = data_dir
-        self.options = list(options)
-        self.requested_port = port
-        self.port = port
-        self.process: subprocess.Popen[str] | None = None
-        self.output: list[str] = []
+        super().__init__(data_dir, *options, port=port)
         self._channels: list[grpc.Channel] = []
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> ServerProcess:
-        """Start the server and wait for its "listening" line (the real port)."""
-        command = [
-            sys.executable,
-            "-c",
-            _SERVE_DYING_WITH_PARENT,
-            str(os.getpid()),
-            "serve",
-            "--port",
-            str(self.requested_port),
-            "--data-dir",
-            str(self.data_dir),
-            "--log-level",
-            "WARNING",
-            *self.options,
-        ]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.process = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-        found = threading.Event()
-        threading.Thread(target=self._read_output, args=(self.process, found), daemon=True).start()
-        if not found.wait(START_TIMEOUT_S):
-            self.kill()
-            raise RuntimeError("server did not start:\n" + "".join(self.output))
-        return self
-
-    def _read_output(self, process: subprocess.Popen[str], found: threading.Event) -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            self.output.append(line)
-            match = _LISTENING.search(line)
-            if match and not found.is_set():
-                self.port = int(match[2])
-                found.set()
 
     def stub(self) -> pb_grpc.FederationStub:
         opened = channel(self.address)
@@ -349,26 +313,15 @@ class ServerProcess:
         self._channels.clear()
 
     def kill(self) -> None:
-        """SIGKILL: the process gets no chance to flush anything."""
         self._close_channels()
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=30)
-        self.process = None
+        super().kill()
 
-    def terminate(self, timeout: float = 60.0) -> int:
-        """SIGTERM and wait: the graceful path. Returns the exit status."""
+    def stop(self, grace_s: float = 60.0) -> int | None:
         self._close_channels()
-        assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
-        status = self.process.wait(timeout=timeout)
-        self.process = None
-        return status
-
-    def __enter__(self) -> ServerProcess:
-        return self.start()
+        return super().stop(grace_s)
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        # Whatever a test left running goes at once: nothing to flush for a test.
         self.kill()
