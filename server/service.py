@@ -347,6 +347,8 @@ class FederationServicer(pb_grpc.FederationServicer):
 
     async def GetVersion(self, request: pb.GetVersionRequest, context: Context) -> pb.VersionNotice:
         async def call() -> pb.VersionNotice:
+            if request.participant_id:
+                acting_as(context, request.participant_id)
             return self._federation.notice(request.session)
 
         return await self._guard(context, call)
@@ -358,6 +360,8 @@ class FederationServicer(pb_grpc.FederationServicer):
             try:
                 # Watches stay open for hours: they count against the stream limit.
                 open_stream.enter_context(self._streams.hold(_limits_key(context)))
+                if request.participant_id:
+                    acting_as(context, request.participant_id)
                 session = self._federation.session(request.session)
             except REFUSALS as exc:
                 await abort(context, exc)

@@ -425,3 +425,23 @@ async def _until_version(server: InProcessServer, version: int) -> None:
     while session.aggregator.current_version < version:
         await asyncio.wait_for(session.changed.wait(), timeout=30)
 
+
+def test_version_calls_naming_another_participant_are_permission_denied(
+    server: InProcessServer,
+) -> None:
+    stub = seeded(server, "alice", "bob")
+    request = pb.GetVersionRequest(session="default", participant_id="bob")
+
+    with pytest.raises(grpc.RpcError) as once:
+        stub.GetVersion(request, metadata=metadata("alice"), timeout=30)
+    with pytest.raises(grpc.RpcError) as watched:
+        next(iter(stub.WatchVersions(request, metadata=metadata("alice"), timeout=30)))
+    own = stub.GetVersion(
+        pb.GetVersionRequest(session="default", participant_id="alice"),
+        metadata=metadata("alice"),
+        timeout=30,
+    )
+
+    assert once.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert watched.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert own.current_version == 0

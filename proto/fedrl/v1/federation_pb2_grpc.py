@@ -135,7 +135,10 @@ class FederationServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchVersions(self, request, context):
-        """Long-lived stream: one notice now, then one per new global version.
+        """Long-lived stream: the session's notice now, then a new one whenever its
+        newest version or its goal changes. Versions committed in quick
+        succession may share one notice (the newest); the stream ends when the
+        server shuts down.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
