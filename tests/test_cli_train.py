@@ -15,11 +15,14 @@ from fedrl.client.federation.channel import ConnectionSecurity
 from fedrl.client.federation.experience_exchange import ExchangeConfig
 from fedrl.client.training.engine import EngineConfig
 from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.networks import NetworkConfig
+from fedrl.client.training.ppo_learner import PPOConfig
 
-SECTIONS = ("tls", "engine", "learner", "exchange")
+SECTIONS = ("tls", "engine", "learner", "network", "ppo", "exchange")
 """TrainConfig fields that are configs of their own; their fields become options too."""
-DERIVED = {("learner", "seed")}
-"""Fields with no option: the learner's seed comes from the engine's seed stream."""
+DERIVED = {("learner", "seed"), ("ppo", "seed"), ("ppo", "device"), ("ppo", "amp")}
+"""Fields with no option: learner seeds come from the engine's seed stream, PPO's device and
+amp are the learner section's."""
 
 TINY = [
     "--offline",
@@ -43,6 +46,8 @@ def test_every_config_field_has_an_option_and_every_option_a_field() -> None:
         ("tls", ConnectionSecurity),
         ("engine", EngineConfig),
         ("learner", LearnerConfig),
+        ("network", NetworkConfig),
+        ("ppo", PPOConfig),
         ("exchange", ExchangeConfig),
     ):
         fields |= {f.name for f in dataclasses.fields(cls) if (section, f.name) not in DERIVED}

@@ -12,7 +12,7 @@ from fedrl.client.training.shm import (
     BoardLayout,
     RingLayout,
     SlotFill,
-    TransitionRing,
+    SlotRing,
     WeightsBoard,
 )
 from fedrl.client.training.transitions import TransitionBatch
@@ -41,8 +41,8 @@ def weights(value: float) -> list[tuple[str, np.ndarray]]:
 def test_a_slot_written_through_one_attachment_reads_back_through_another() -> None:
     # prepare
     layout = RingLayout(num_slots=2, rows_per_slot=10, episodes_per_slot=4, obs_shape=(3,))
-    owner = TransitionRing(layout)
-    attached = TransitionRing(layout, name=owner.name)
+    owner = SlotRing(layout)
+    attached = SlotRing(layout, name=owner.name)
     sent = batch(7)
 
     # act
@@ -58,9 +58,7 @@ def test_a_slot_written_through_one_attachment_reads_back_through_another() -> N
 
 
 def test_an_overfull_slot_is_refused() -> None:
-    ring = TransitionRing(
-        RingLayout(num_slots=1, rows_per_slot=4, episodes_per_slot=1, obs_shape=(3,))
-    )
+    ring = SlotRing(RingLayout(num_slots=1, rows_per_slot=4, episodes_per_slot=1, obs_shape=(3,)))
     with pytest.raises(ValueError, match="slot holds 4 rows"):
         ring.slots[0].write(batch(5), np.zeros(0), np.zeros(0, dtype=np.int64))
     ring.close()
@@ -104,9 +102,7 @@ def test_stop_requests_reach_attached_readers() -> None:
 
 def test_closing_the_owner_unlinks_its_segments_and_twice_is_harmless() -> None:
     # prepare
-    ring = TransitionRing(
-        RingLayout(num_slots=1, rows_per_slot=2, episodes_per_slot=1, obs_shape=(3,))
-    )
+    ring = SlotRing(RingLayout(num_slots=1, rows_per_slot=2, episodes_per_slot=1, obs_shape=(3,)))
     board = WeightsBoard(BoardLayout.of(weights(0.0)))
     names = [ring.name, board.name]
     assert all(name.startswith(SEGMENT_PREFIX) for name in names)

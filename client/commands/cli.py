@@ -16,9 +16,10 @@ from types import FrameType
 
 import click
 import grpc
+from click.core import ParameterSource
 
 from fedrl.client.commands.backtest import backtest
-from fedrl.client.commands.config import TrainConfig
+from fedrl.client.commands.config import TrainConfig, check_algorithm_options
 from fedrl.client.commands.export import export_command
 from fedrl.client.commands.plot import plot_command
 from fedrl.client.commands.progress import ProgressReporter, TrainingProgress, mean_epsilon
@@ -29,8 +30,7 @@ from fedrl.client.federation.experience_exchange import mixed_replay
 from fedrl.client.federation.federation_client import FederationClient, FederationError
 from fedrl.client.federation.sync import SyncError, SyncLoop, model_spec
 from fedrl.client.training.engine import Counters, PollResult, TrainingEngine
-from fedrl.client.training.q_network import architecture_name
-from fedrl.common.config_cli import refuse_options_before_a_command, takes_config
+from fedrl.common.config_cli import config_options, refuse_options_before_a_command, takes_config
 from fedrl.common.identity import validate_participant_id
 from fedrl.common.status_table import render_status
 from fedrl.common.tls import TlsMaterialError
@@ -57,6 +57,15 @@ def main(ctx: click.Context, /, config: TrainConfig) -> None:
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        check_algorithm_options(
+            config,
+            {
+                option.name
+                for option in config_options(TrainConfig)
+                if ctx.get_parameter_source(option.name)
+                in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+            },
+        )
         check_bundle_identity(config)
         if config.episodes == 0:
             if config.offline:
@@ -80,11 +89,11 @@ def train_offline(config: TrainConfig) -> Counters:
     """
     identity = ModelIdentity(
         env=config.engine.env,
-        architecture=architecture_name(config.learner.hidden, config.learner.dueling),
+        architecture=config.architecture,
     )
     state = StateDir(config.state_dir, config.participant_id, identity)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    engine = TrainingEngine(config.engine, config.learner)
+    engine = TrainingEngine(config.engine, config.learner_config, network=config.network)
     try:
         autosave = Autosaver(
             state,
@@ -105,12 +114,8 @@ def train_offline(config: TrainConfig) -> Counters:
         progress = TrainingProgress(
             reporter,
             target=goal,
-            epsilon=mean_epsilon(
-                max(1, config.engine.workers) * config.engine.envs_per_worker,
-                base=config.engine.exploration_base,
-                alpha=config.engine.exploration_alpha,
-            ),
-            replay_size=lambda: len(engine.learner.replay),
+            epsilon=_epsilon(config),
+            replay_size=lambda: engine.replay_size,
         )
 
         def on_poll(result: PollResult) -> None:
@@ -150,17 +155,18 @@ def train_federated(config: TrainConfig) -> Counters:
     """
     identity = ModelIdentity(
         env=config.engine.env,
-        architecture=architecture_name(config.learner.hidden, config.learner.dueling),
+        architecture=config.architecture,
     )
     state = StateDir(config.state_dir, config.participant_id, identity)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    exchange = config.exchange
+    exchange = config.shared_experience
     engine = TrainingEngine(
         config.engine,
-        config.learner,
+        config.learner_config,
+        network=config.network,
         replay=(
             (lambda learner, obs_shape: mixed_replay(learner, obs_shape, exchange))
-            if exchange.enabled
+            if exchange is not None
             else None
         ),
     )
@@ -205,12 +211,8 @@ def train_federated(config: TrainConfig) -> Counters:
         progress = TrainingProgress(
             reporter,
             target=start + config.episodes,
-            epsilon=mean_epsilon(
-                max(1, config.engine.workers) * config.engine.envs_per_worker,
-                base=config.engine.exploration_base,
-                alpha=config.engine.exploration_alpha,
-            ),
-            replay_size=lambda: len(engine.learner.replay),
+            epsilon=_epsilon(config),
+            replay_size=lambda: engine.replay_size,
         )
         interrupted = False
         try:
@@ -326,6 +328,17 @@ def resolve_participant_id(config: TrainConfig) -> TrainConfig:
         path.write_text(pid + "\n", encoding="utf-8")
         click.echo(f"no --participant-id given: you are {pid} (remembered in {path})", err=True)
     return dataclasses.replace(config, participant_id=pid)
+
+
+def _epsilon(config: TrainConfig) -> float | None:
+    """DQN's mean exploration rate; PPO explores by its policy's own randomness."""
+    if config.algo == "ppo":
+        return None
+    return mean_epsilon(
+        max(1, config.engine.workers) * config.engine.envs_per_worker,
+        base=config.engine.exploration_base,
+        alpha=config.engine.exploration_alpha,
+    )
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:

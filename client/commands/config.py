@@ -3,12 +3,16 @@
 One frozen dataclass per command (habit from CleanRL): the options, their
 defaults and their help text all come from the fields and their metadata
 (fedrl.common.config_cli), so the two cannot drift apart. The engine, the
-learner, the experience exchange and the connection's security are sections:
-their own configs, whose fields are options of this command too.
+learner, the networks, PPO, the experience exchange and the connection's
+security are sections: their own configs, whose fields are options of this
+command too. `--algo` picks the learner; the options only the other one reads
+are refused (`check_algorithm_options`) rather than silently ignored.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -17,7 +21,13 @@ from fedrl.client.federation.channel import ConnectionSecurity
 from fedrl.client.federation.experience_exchange import ExchangeConfig
 from fedrl.client.training.engine import EngineConfig
 from fedrl.client.training.learner import LearnerConfig, TargetAtAdoption
+from fedrl.client.training.networks import NetworkConfig
+from fedrl.client.training.policy_network import ppo_architecture_name
+from fedrl.client.training.ppo_learner import PPOConfig
+from fedrl.client.training.q_network import architecture_name
 from fedrl.common.config_cli import doc, section
+
+Algorithm = Literal["dqn", "ppo"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,14 @@ class TrainConfig:
         default="default", metadata=doc("Session to join; the first participant creates it.")
     )
     offline: bool = field(default=False, metadata=doc("Train alone, without a server."))
+    algo: Algorithm = field(
+        default="dqn",
+        metadata=doc(
+            "dqn (off-policy, replay, shares experience; Discrete actions) or ppo (on-policy "
+            "actor-critic; Discrete or Box actions; pushes after every rollout update and "
+            "refuses the experience exchange options: others' experience is off-policy data)."
+        ),
+    )
     episodes: int = field(
         default=1_000,
         metadata=doc("Episodes to train in this run; 0 prints the session's status and exits."),
@@ -49,8 +67,9 @@ class TrainConfig:
     sync_interval: int = field(
         default=2,
         metadata=doc(
-            "Episodes between pushes of this participant's progress to the server (at most one "
-            "update is in flight, so a short interval cannot flood the server)."
+            "DQN: episodes between pushes of this participant's progress to the server (at most "
+            "one update is in flight, so a short interval cannot flood the server). PPO pushes "
+            "after every rollout update."
         ),
     )
     delta_dtype: Literal["bfloat16", "float16", "float32"] = field(
@@ -99,14 +118,33 @@ class TrainConfig:
     learner: LearnerConfig = field(
         default_factory=LearnerConfig,
         # The learner's seed comes from the engine's seed stream.
-        metadata=section("The DQN learner.", omit=("seed",)),
+        metadata=section("The DQN learner; its device and amp serve PPO too.", omit=("seed",)),
+    )
+    network: NetworkConfig = field(
+        default_factory=NetworkConfig,
+        metadata=section("The networks' torso: MLP or causal transformer, for either algorithm."),
+    )
+    ppo: PPOConfig = field(
+        default_factory=PPOConfig,
+        # Seeded from the engine's seed stream; device and amp are the learner section's.
+        metadata=section("The PPO learner (--algo ppo).", omit=("seed", "device", "amp")),
     )
     exchange: ExchangeConfig = field(
         default_factory=ExchangeConfig,
-        metadata=section("Experience exchange with the session (federated runs only)."),
+        metadata=section("Experience exchange with the session (federated DQN runs only)."),
     )
 
     def __post_init__(self) -> None:
+        if self.algo not in ("dqn", "ppo"):
+            raise ValueError(f"algo must be dqn or ppo, got {self.algo!r}")
+        if self.algo == "ppo":
+            changed = [
+                f.name
+                for f in dataclasses.fields(ExchangeConfig)
+                if getattr(self.exchange, f.name) != getattr(ExchangeConfig(), f.name)
+            ]
+            if changed:
+                refuse_for_ppo(changed)
         for name in ("save_model_every", "save_progress_every", "sync_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -117,3 +155,73 @@ class TrainConfig:
             raise ValueError(f"max_env_steps must be >= 0, got {self.max_env_steps}")
         if not self.log_interval > 0:
             raise ValueError(f"log_interval must be > 0, got {self.log_interval}")
+
+    @property
+    def learner_config(self) -> LearnerConfig | PPOConfig:
+        """The chosen algorithm's learner config; PPO's device and amp follow --device, --amp."""
+        if self.algo == "dqn":
+            return self.learner
+        return dataclasses.replace(
+            self.ppo, device=self.learner.device, amp="auto" if self.learner.amp else "off"
+        )
+
+    @property
+    def architecture(self) -> str:
+        """The model's family and shape, e.g. "dqn/dueling-mlp-256x256" or "ppo/mlp-64x64"."""
+        if self.algo == "ppo":
+            return ppo_architecture_name(self.ppo.ppo_hidden, self.network)
+        return architecture_name(self.learner.hidden, self.learner.dueling, self.network)
+
+    @property
+    def shared_experience(self) -> ExchangeConfig | None:
+        """The experience exchange to run, if any: DQN's when its share is above 0; never
+        PPO's, which learns only from its own rollouts."""
+        if self.algo == "ppo" or not self.exchange.enabled:
+            return None
+        return self.exchange
+
+
+EXCHANGE_FIELDS = tuple(f.name for f in dataclasses.fields(ExchangeConfig))
+"""The experience exchange options, which PPO refuses."""
+DQN_ONLY = (
+    "target_at_adoption",
+    *EXCHANGE_FIELDS,
+    "n_step",
+    "exploration_base",
+    "exploration_alpha",
+    "replay_ratio",
+    "steps_per_slot",
+    "slots_per_worker",
+    "weights_interval",
+    *(f.name for f in dataclasses.fields(LearnerConfig) if f.name not in ("device", "amp", "seed")),
+)
+"""Options only DQN reads; with --algo ppo they are refused rather than ignored."""
+
+
+def refuse_for_ppo(names: list[str]) -> None:
+    """ValueError naming the DQN-only options given to a PPO run."""
+    flags = ", ".join("--" + name.replace("_", "-") for name in names)
+    exchange = [name for name in names if name in EXCHANGE_FIELDS]
+    why = (
+        "experience exchange is off-policy data, and PPO learns only from its own rollouts"
+        if exchange
+        else "they are DQN's"
+    )
+    raise ValueError(f"--algo ppo does not take {flags}: {why}; drop them or use --algo dqn")
+
+
+def check_algorithm_options(config: TrainConfig, given: Set[str]) -> None:
+    """Refuse options the chosen algorithm would ignore; `given` are the ones set explicitly.
+
+    An option is refused even at its default value: whoever typed it expected it to act.
+    """
+    if config.algo == "ppo":
+        named = [name for name in DQN_ONLY if name in given]
+        if named:
+            refuse_for_ppo(named)
+    else:
+        named = [f.name for f in dataclasses.fields(PPOConfig) if f.name in given]
+        if named:
+            flags = ", ".join("--" + name.replace("_", "-") for name in named)
+            raise ValueError(f"{flags} set PPO's learner: add --algo ppo, or drop them")
+

@@ -53,12 +53,14 @@ PROGRESS_FIELDS: tuple[ProgressField, ...] = (
     ProgressField("env_steps_per_s", "steps/s", "Env steps per second, last ~10 s.", 0),
     ProgressField("updates_per_s", "upd/s", "Learner updates per second, last ~10 s.", 0),
     ProgressField(
-        "epsilon", "ε", "Mean exploration rate over all envs (share of random actions).", 3
+        "epsilon", "ε", "DQN: mean exploration rate over all envs (share of random actions).", 3
     ),
     ProgressField("mean_return", "return", "Mean return of the last 100 local episodes.", 1),
     ProgressField("best_eval", "best", "Best greedy evaluation return so far.", 1),
-    ProgressField("replay_size", "replay", "Transitions in the replay buffer.", 0),
-    ProgressField("loss", "loss", "Mean TD loss of the latest training round.", 4),
+    ProgressField("replay_size", "replay", "DQN: transitions in the replay buffer.", 0),
+    ProgressField(
+        "loss", "loss", "Mean loss of the latest training round (DQN: TD; PPO: all terms).", 4
+    ),
     ProgressField("version", "v", "Federated: newest global model version on the server.", 0),
     ProgressField("participants", "peers", "Federated: active participants in the session.", 0),
     ProgressField(
@@ -258,8 +260,8 @@ class TrainingProgress:
         reporter: ProgressReporter,
         *,
         target: int,
-        epsilon: float,
-        replay_size: Callable[[], int],
+        epsilon: float | None,
+        replay_size: Callable[[], int | None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._reporter = reporter

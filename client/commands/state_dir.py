@@ -255,7 +255,7 @@ class Autosaver:
             # both; the episode batch's line carries the latest training figures.
             self._train_metrics = result.train_metrics
         self._state.append_metrics(
-            _metric_records(result, counters, self._train_metrics, len(self._engine.learner.replay))
+            _metric_records(result, counters, self._train_metrics, self._engine.replay_size)
         )
         if result.new_best and result.evaluation is not None:
             self._state.save_best(self._engine.weights(), counters, result.evaluation.mean)
@@ -275,8 +275,25 @@ class Autosaver:
         self._next_progress = (episodes // self._progress_every + 1) * self._progress_every
 
 
+TRAIN_METRICS = (
+    "loss",
+    "q_mean",
+    "td_abs_mean",
+    "policy_loss",
+    "value_loss",
+    "entropy",
+    "approx_kl",
+    "clip_fraction",
+    "explained_variance",
+)
+"""Learner figures a "train" record carries where the algorithm has them (DQN, then PPO)."""
+
+
 def _metric_records(
-    result: PollResult, counters: Counters, train_metrics: dict[str, float], replay_size: int
+    result: PollResult,
+    counters: Counters,
+    train_metrics: dict[str, float],
+    replay_size: int | None,
 ) -> list[dict[str, Any]]:
     now = round(time.time(), 3)
     first = counters.episodes - len(result.episode_returns) + 1
@@ -301,9 +318,10 @@ def _metric_records(
             "env_steps": counters.env_steps,
             "updates": counters.updates,
             "episodes": len(result.episode_returns),
-            "replay_size": replay_size,
         }
-        for name in ("loss", "q_mean", "td_abs_mean"):
+        if replay_size is not None:
+            train["replay_size"] = replay_size
+        for name in TRAIN_METRICS:
             value = train_metrics.get(name)
             if value is not None and math.isfinite(value):
                 train[name] = value

@@ -9,9 +9,10 @@ a slot holding the newest pulled global model, which the main thread adopts
 at its next round. So actors and learner keep going through slow pulls,
 outages and server restarts.
 
-Every `sync_interval` local episodes, once the previous update has been
-acknowledged (one in flight at a time, so a slow link or the server's rate
-limit makes updates larger, not late), the main thread:
+Every `sync_interval` local episodes (PPO: after every rollout update, the
+unit of its progress), once the previous update has been acknowledged (one
+in flight at a time, so a slow link or the server's rate limit makes updates
+larger, not late), the main thread:
 
 1. takes an INCREMENTAL delta, local − reference, where the reference is the
    weights at the last push or adoption (the lead's decision: a delta from
@@ -112,8 +113,8 @@ from fedrl.client.federation.outbox import (
     update_messages,
 )
 from fedrl.client.training.engine import PollResult, TrainingEngine
-from fedrl.client.training.learner import TARGET_AT_ADOPTION, TargetAtAdoption
-from fedrl.client.training.vector_env import make_vector_env
+from fedrl.client.training.learner import TARGET_AT_ADOPTION, Learner, TargetAtAdoption
+from fedrl.client.training.vector_env import env_shape, make_vector_env
 from fedrl.common.durable_files import write_atomically
 from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
@@ -151,18 +152,32 @@ def model_spec(
     *,
     data: str | None = None,
 ) -> tpb.ModelSpec:
-    """The ModelSpec of a Q-network over a Gymnasium env: its tensors, spaces and family.
+    """The ModelSpec of a network over a Gymnasium env: its tensors, spaces and family.
 
     `data` is the env's data file (--data), when it takes one: spaces may depend on it.
+    The spaces are the env's own; a transformer's observation window shows in
+    the tensors' shapes and in the algorithm name.
     """
     env = make_vector_env(env_id, 1, data)
     try:
-        observation, action = env.single_observation_space, env.single_action_space
+        shape = env_shape(env, continuous=True)
+        observation = env.single_observation_space
     finally:
         env.close()
-    # make_vector_env has checked these already; the asserts narrow the types.
+    # make_vector_env has checked it already; the assert narrows the type.
     assert isinstance(observation, gym.spaces.Box)
-    assert isinstance(action, gym.spaces.Discrete)
+    if shape.discrete:
+        action = tpb.SpaceSpec(
+            kind=tpb.SPACE_KIND_DISCRETE, shape=[], dtype=tpb.DTYPE_INT64, n=shape.n_actions
+        )
+    else:
+        action = tpb.SpaceSpec(
+            kind=tpb.SPACE_KIND_BOX,
+            shape=[shape.action_dim],
+            dtype=tpb.DTYPE_FLOAT32,
+            low=list(shape.action_low),
+            high=list(shape.action_high),
+        )
     return tpb.ModelSpec(
         tensors=[
             tpb.TensorSpec(name=name, dtype=tpb.DTYPE_FLOAT32, shape=list(array.shape))
@@ -177,9 +192,7 @@ def model_spec(
             low=[float(v) for v in np.ravel(observation.low)],
             high=[float(v) for v in np.ravel(observation.high)],
         ),
-        action_space=tpb.SpaceSpec(
-            kind=tpb.SPACE_KIND_DISCRETE, shape=[], dtype=tpb.DTYPE_INT64, n=int(action.n)
-        ),
+        action_space=action,
         algorithm=algorithm,
     )
 
@@ -720,6 +733,11 @@ class SyncLoop:
         self._experience: ExperienceSync | None = None
         self._replay: MixedReplay | None = None
         if exchange is not None and exchange.enabled:
+            if not isinstance(engine.learner, Learner):
+                raise ValueError(
+                    "experience exchange is off-policy data, which PPO does not learn from: "
+                    "set foreign_share to 0 for a PPO participant"
+                )
             replay = engine.learner.replay
             if not isinstance(replay, MixedReplay):
                 raise ValueError(
@@ -908,9 +926,12 @@ class SyncLoop:
             raise SyncError(f"federation stopped: {fatal}")
         self._absorb()
         episodes = self._engine.counters.episodes
-        if episodes - self._state.pushed_episodes >= self._sync_interval and not (
-            self._open_outbox().pending("update")
-        ):
+        due = (
+            result.policy_updates > 0
+            if self._engine.on_policy
+            else episodes - self._state.pushed_episodes >= self._sync_interval
+        )
+        if due and not self._open_outbox().pending("update"):
             # One update in flight at a time: while the previous one waits
             # (a slow link, the server's rate limit, an outage) the progress
             # keeps growing in local − reference and leaves as one fresher

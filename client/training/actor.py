@@ -1,8 +1,9 @@
 """Actors: E envs stepped as one batch, ε-greedy on a CPU copy of the Q-network.
 
 `ActorCore` is the whole collection logic and runs as is in the learner's
-process for `--workers 0`; `actor_process` wraps it for a spawned process
-that exchanges slots over shared memory.
+process for `--workers 0`; `actor_process` wraps it, or PPO's
+`PPOActorCore` (fedrl.client.training.ppo_actor), for a spawned process that
+exchanges slots over shared memory.
 """
 
 from __future__ import annotations
@@ -13,19 +14,24 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
 from fedrl.client.training.exploration import actor_epsilons
+from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.nstep import NStepAccumulator
-from fedrl.client.training.q_network import build_q_network, load_named_arrays
+from fedrl.client.training.ppo_actor import PPOActorCore, PPOActorSpec
+from fedrl.client.training.q_network import DEFAULT_NETWORK, build_q_network, load_named_arrays
 from fedrl.client.training.shm import (
     BoardLayout,
     RingLayout,
+    RolloutLayout,
     SlotFill,
-    TransitionRing,
+    SlotRing,
+    TransitionSlot,
     WeightsBoard,
 )
 from fedrl.client.training.transitions import TransitionBatch
@@ -53,6 +59,7 @@ class ActorSpec:
     hidden: tuple[int, ...]
     dueling: bool
     steps_per_slot: int
+    network: NetworkConfig = DEFAULT_NETWORK
 
 
 def make_actor_spec(
@@ -71,6 +78,7 @@ def make_actor_spec(
     hidden: tuple[int, ...],
     dueling: bool,
     steps_per_slot: int,
+    network: NetworkConfig = DEFAULT_NETWORK,
 ) -> ActorSpec:
     """Actor `index` of `num_actors`, in its `generation`-th life (0 until a restart)."""
     epsilons = actor_epsilons(
@@ -94,6 +102,7 @@ def make_actor_spec(
         hidden=hidden,
         dueling=dueling,
         steps_per_slot=steps_per_slot,
+        network=network,
     )
 
 
@@ -118,13 +127,19 @@ class ActorCore:
         self._spec = spec
         seeds = np.random.SeedSequence(spec.seed_entropy, spawn_key=spec.seed_spawn_key)
         env_seeds, action_seeds, torch_seed = seeds.spawn(3)
-        self._env = make_vector_env(spec.env_id, spec.num_envs, spec.data)
+        self._env = make_vector_env(
+            spec.env_id, spec.num_envs, spec.data, window=spec.network.window
+        )
         shape = env_shape(self._env)
         self.obs_shape, self.n_actions = shape.obs_shape, shape.n_actions
         self._rng = np.random.default_rng(action_seeds)
         torch.manual_seed(int(torch_seed.generate_state(1)[0]))
         self._net = build_q_network(
-            self.obs_shape, self.n_actions, hidden=spec.hidden, dueling=spec.dueling
+            self.obs_shape,
+            self.n_actions,
+            hidden=spec.hidden,
+            dueling=spec.dueling,
+            network=spec.network,
         )
         self._net.eval()
         self._eps = np.asarray(spec.epsilons, dtype=np.float64)
@@ -178,6 +193,12 @@ class ActorCore:
             episode_lengths=np.concatenate(lengths),
         )
 
+    def fill(self, slot: TransitionSlot) -> tuple[int, int, int]:
+        """Collect into a shared-memory slot; (rows, episodes, env steps) for the fill message."""
+        got = self.collect(self._spec.steps_per_slot)
+        slot.write(got.batch, got.episode_returns, got.episode_lengths)
+        return len(got.batch), len(got.episode_returns), got.env_steps
+
     def close(self) -> None:
         self._env.close()
 
@@ -197,9 +218,9 @@ def slot_capacity(num_envs: int, steps_per_slot: int, n_step: int) -> tuple[int,
 
 def actor_process(
     *,
-    spec: ActorSpec,
+    spec: ActorSpec | PPOActorSpec,
     ring_name: str,
-    ring_layout: RingLayout,
+    ring_layout: RingLayout | RolloutLayout,
     board_name: str,
     board_layout: BoardLayout,
     free_slots: Connection,
@@ -214,9 +235,9 @@ def actor_process(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     parent = os.getppid()
-    ring = TransitionRing(ring_layout, name=ring_name)
+    ring: SlotRing[Any] = SlotRing(ring_layout, name=ring_name)
     board = WeightsBoard(board_layout, name=board_name)
-    core = ActorCore(spec)
+    core = ActorCore(spec) if isinstance(spec, ActorSpec) else PPOActorCore(spec)
     try:
         while not board.stop_requested:
             slot = _next_free_slot(free_slots, board, parent)
@@ -225,11 +246,8 @@ def actor_process(
             if board.version != core.weights_version:
                 version, arrays = board.read()
                 core.load_weights(arrays, version)
-            got = core.collect(spec.steps_per_slot)
-            ring.slots[slot].write(got.batch, got.episode_returns, got.episode_lengths)
-            filled_slots.send_bytes(
-                FILL_FORMAT.pack(slot, len(got.batch), len(got.episode_returns), got.env_steps)
-            )
+            rows, episodes, env_steps = core.fill(ring.slots[slot])
+            filled_slots.send_bytes(FILL_FORMAT.pack(slot, rows, episodes, env_steps))
     except (BrokenPipeError, EOFError):
         return
     finally:

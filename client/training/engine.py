@@ -1,10 +1,19 @@
 """The participant's training engine: actors collect, the learner trains, evaluation keeps score.
 
 One `TrainingEngine` drives everything below the command line and the sync
-loop. `poll()` does one round (take in experience, train what the replay
-ratio allows, publish weights, evaluate when due) and returns what happened,
-so a caller can interleave its own work (autosave, federated sync) between
-rounds; `run()` polls until a stop condition.
+loop. `poll()` does one round and returns what happened, so a caller can
+interleave its own work (autosave, federated sync) between rounds; `run()`
+polls until a stop condition.
+
+The algorithm is chosen by the learner's config, and with it one of two
+schedules over the same actor processes, shared memory and serial mode:
+
+- off-policy (DQN, `LearnerConfig`): actors stream n-step transitions into
+  the replay while the learner trains at a fixed replay ratio, asynchronously;
+- on-policy (PPO, `PPOConfig`): every actor collects one rollout with the
+  newest weights, the learner takes one update from all of them together,
+  publishes, and only then hands the slots back, so no step is ever
+  collected with a policy older than the one being improved.
 """
 
 from __future__ import annotations
@@ -32,7 +41,6 @@ from fedrl.client.training.actor import (
     SLOT_FORMAT,
     ActorCore,
     ActorSpec,
-    Collected,
     actor_process,
     make_actor_spec,
     parse_fill,
@@ -40,9 +48,22 @@ from fedrl.client.training.actor import (
 )
 from fedrl.client.training.evaluation import EvalResult, Evaluator
 from fedrl.client.training.learner import Learner, LearnerConfig, TargetAtAdoption
-from fedrl.client.training.q_network import load_named_arrays
+from fedrl.client.training.networks import NetworkConfig
+from fedrl.client.training.policy_network import ActorCritic
+from fedrl.client.training.ppo_actor import PPOActorCore, PPOActorSpec
+from fedrl.client.training.ppo_learner import PPOConfig, PPOLearner
+from fedrl.client.training.q_network import DEFAULT_NETWORK, load_named_arrays
 from fedrl.client.training.replay import Replay
-from fedrl.client.training.shm import BoardLayout, RingLayout, TransitionRing, WeightsBoard
+from fedrl.client.training.rollout import Rollout
+from fedrl.client.training.shm import (
+    BoardLayout,
+    RingLayout,
+    RolloutLayout,
+    SlotFill,
+    SlotRing,
+    TransitionSlot,
+    WeightsBoard,
+)
 from fedrl.client.training.transitions import TransitionBatch
 from fedrl.client.training.vector_env import env_shape, make_vector_env
 from fedrl.common.config_cli import doc
@@ -60,7 +81,7 @@ def default_workers() -> int:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Collection, replay-ratio and evaluation knobs of the engine."""
+    """Collection, replay-ratio and evaluation knobs of the engine (the replay ones: DQN only)."""
 
     env: str = field(default="CartPole-v1", metadata=doc("Gymnasium environment id."))
     data: str | None = field(
@@ -175,11 +196,13 @@ class PollResult:
     train_metrics: dict[str, float]
     evaluation: EvalResult | None
     new_best: bool
+    policy_updates: int = 0
+    """PPO: rollouts learned from in this round (the sync loop pushes after each); DQN: 0."""
 
 
 @dataclass
 class _ActorHandle:
-    spec: ActorSpec
+    spec: ActorSpec | PPOActorSpec
     process: BaseProcess
     free_slots: Connection
     filled_slots: Connection
@@ -193,31 +216,54 @@ class TrainingEngine:
     def __init__(
         self,
         config: EngineConfig,
-        learner_config: LearnerConfig,
+        learner_config: LearnerConfig | PPOConfig,
         *,
+        network: NetworkConfig = DEFAULT_NETWORK,
         recent_window: int = 100,
         replay: Callable[[LearnerConfig, tuple[int, ...]], Replay] | None = None,
     ) -> None:
-        """`replay` builds the learner's replay from its (seeded) config and the observation
-        shape, e.g. `mixed_replay` for experience exchange; None gives the default replay."""
+        """A PPOConfig trains PPO, a LearnerConfig DQN; `network` picks the torso of either.
+
+        `replay` (DQN only) builds the learner's replay from its (seeded) config
+        and the observation shape, e.g. `mixed_replay` for experience exchange;
+        None gives the default replay.
+        """
         self.config = config
         self._seeds = np.random.SeedSequence(config.seed)
         actor_seeds, eval_seed, learner_seed = self._seeds.spawn(3)
         self._actor_seed_root = actor_seeds
-        probe = make_vector_env(config.env, 1, config.data)
-        shape = env_shape(probe)
-        probe.close()
+        self._network = network
+        on_policy = isinstance(learner_config, PPOConfig)
+        probe = make_vector_env(config.env, 1, config.data, window=network.window)
+        try:
+            shape = env_shape(probe, continuous=on_policy)
+        finally:
+            probe.close()
+        self.env_shape = shape
         self.obs_shape, self.n_actions = shape.obs_shape, shape.n_actions
-        seeded = _with_seed(learner_config, learner_seed)
-        self.learner = Learner(
-            obs_shape=self.obs_shape,
-            n_actions=self.n_actions,
-            config=seeded,
-            replay=replay(seeded, self.obs_shape) if replay is not None else None,
-        )
+        self.learner: Learner | PPOLearner
+        if isinstance(learner_config, PPOConfig):
+            if replay is not None:
+                raise ValueError(
+                    "PPO learns on-policy from its own rollouts and keeps no replay; "
+                    "experience exchange is for DQN"
+                )
+            self.learner = PPOLearner(
+                obs_shape=self.obs_shape,
+                shape=shape,
+                config=replace(learner_config, seed=_seed_of(learner_seed)),
+                network=network,
+            )
+        else:
+            seeded = replace(learner_config, seed=_seed_of(learner_seed))
+            self.learner = Learner(
+                obs_shape=self.obs_shape,
+                n_actions=self.n_actions,
+                config=seeded,
+                replay=replay(seeded, self.obs_shape) if replay is not None else None,
+                network=network,
+            )
         self._batch_hooks: list[Callable[[TransitionBatch], None]] = []
-        self._gamma = learner_config.gamma
-        self._hidden, self._dueling = learner_config.hidden, learner_config.dueling
         self._evaluator = (
             Evaluator(
                 config.env,
@@ -225,6 +271,7 @@ class TrainingEngine:
                 episodes=config.eval_episodes,
                 seed=eval_seed,
                 max_steps=config.eval_max_steps,
+                window=network.window,
             )
             if config.eval_interval
             else None
@@ -234,17 +281,32 @@ class TrainingEngine:
         self._best_eval: float | None = None
         self._last_eval: float | None = None
         self._recent: collections.deque[float] = collections.deque(maxlen=recent_window)
+        self._returns_log: list[tuple[float, int]] = []
         self._next_eval = config.eval_interval
         self._updates_at_publish = 0
         # Replay-ratio credit counts from the moment the replay is ready, so
         # the first update does not face a backlog of learning_starts·ratio.
         self._steps_when_ready: int | None = None
         self._updates_when_ready = 0
-        self._serial: ActorCore | None = None
+        self._serial: ActorCore | PPOActorCore | None = None
         self._actors: list[_ActorHandle] = []
-        self._ring: TransitionRing | None = None
+        self._ring: SlotRing[Any] | None = None
         self._board: WeightsBoard | None = None
+        # PPO, by actor index: this round's rollouts, their slots held until the
+        # update; then the slots of the last update, until the next round.
+        self._rollouts: dict[int, tuple[int, Rollout]] = {}
+        self._spent: dict[int, int] = {}
         self._started = False
+
+    @property
+    def on_policy(self) -> bool:
+        """PPO (rollouts, one update each) rather than DQN (replay)."""
+        return isinstance(self.learner, PPOLearner)
+
+    @property
+    def replay_size(self) -> int | None:
+        """Transitions in the DQN learner's replay; None for PPO, which keeps none."""
+        return len(self.learner.replay) if isinstance(self.learner, Learner) else None
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -258,7 +320,8 @@ class TrainingEngine:
         torch.set_num_threads(self.config.learner_threads)
         workers = self.config.workers
         if workers == 0:
-            self._serial = ActorCore(self._actor_spec(0, num_actors=1, generation=0))
+            spec = self._actor_spec(0, num_actors=1, generation=0)
+            self._serial = ActorCore(spec) if isinstance(spec, ActorSpec) else PPOActorCore(spec)
             self._serial.load_weights(self.learner.weights(), 0)
             return
         try:
@@ -268,18 +331,27 @@ class TrainingEngine:
             raise
 
     def _start_processes(self, workers: int) -> None:
-        rows, episodes = slot_capacity(
-            self.config.envs_per_worker, self.config.steps_per_slot, self.config.n_step
-        )
-        per_actor = self.config.slots_per_worker
-        self._ring = TransitionRing(
-            RingLayout(
+        per_actor = self._slots_per_actor
+        layout: RingLayout | RolloutLayout
+        if isinstance(self.learner, PPOLearner):
+            layout = RolloutLayout(
+                num_slots=workers,
+                steps=self.learner.config.rollout_steps,
+                envs=self.config.envs_per_worker,
+                obs_shape=self.obs_shape,
+                action_shape=self.learner.action_shape,
+            )
+        else:
+            rows, episodes = slot_capacity(
+                self.config.envs_per_worker, self.config.steps_per_slot, self.config.n_step
+            )
+            layout = RingLayout(
                 num_slots=workers * per_actor,
                 rows_per_slot=rows,
                 episodes_per_slot=episodes,
                 obs_shape=self.obs_shape,
             )
-        )
+        self._ring = SlotRing(layout)
         weights = self.learner.weights()
         self._board = WeightsBoard(BoardLayout.of(weights))
         self._board.publish(weights)
@@ -287,8 +359,32 @@ class TrainingEngine:
             slots = range(index * per_actor, (index + 1) * per_actor)
             self._actors.append(self._spawn(index, slots, generation=0))
 
-    def _actor_spec(self, index: int, *, num_actors: int, generation: int) -> ActorSpec:
+    @property
+    def _slots_per_actor(self) -> int:
+        # PPO: one rollout per actor per update; more slots would only let an
+        # actor run ahead with weights the update is about to replace.
+        return 1 if self.on_policy else self.config.slots_per_worker
+
+    def _actor_spec(
+        self, index: int, *, num_actors: int, generation: int
+    ) -> ActorSpec | PPOActorSpec:
         c = self.config
+        if isinstance(self.learner, PPOLearner):
+            entropy = self._actor_seed_root.entropy
+            assert isinstance(entropy, int)
+            return PPOActorSpec(
+                index=index,
+                env_id=c.env,
+                data=c.data,
+                num_envs=c.envs_per_worker,
+                seed_entropy=entropy,
+                # As for DQN's actors: a stream per (actor, life).
+                seed_spawn_key=(*self._actor_seed_root.spawn_key, index, generation),
+                steps_per_slot=self.learner.config.rollout_steps,
+                hidden=self.learner.config.ppo_hidden,
+                network=self._network,
+            )
+        learner = self.learner.config
         return make_actor_spec(
             index,
             num_actors=num_actors,
@@ -300,10 +396,11 @@ class TrainingEngine:
             exploration_base=c.exploration_base,
             exploration_alpha=c.exploration_alpha,
             n_step=c.n_step,
-            gamma=self._gamma,
-            hidden=self._hidden,
-            dueling=self._dueling,
+            gamma=learner.gamma,
+            hidden=learner.hidden,
+            dueling=learner.dueling,
             steps_per_slot=c.steps_per_slot,
+            network=self._network,
         )
 
     def _spawn(self, index: int, slots: range, *, generation: int) -> _ActorHandle:
@@ -330,8 +427,10 @@ class TrainingEngine:
         # The child has its own copies; closing ours lets EOF mean "gone".
         free_recv.close()
         filled_send.close()
+        held = {slot for slot, _ in self._rollouts.values()} | set(self._spent.values())
         for slot in slots:
-            free_send.send_bytes(SLOT_FORMAT.pack(slot))
+            if slot not in held:  # a held slot goes back after the update
+                free_send.send_bytes(SLOT_FORMAT.pack(slot))
         return _ActorHandle(spec, process, free_send, filled_recv, slots, restarts=generation)
 
     def close(self) -> None:
@@ -378,47 +477,80 @@ class TrainingEngine:
     # -- the loop ------------------------------------------------------------
 
     def poll(self, *, timeout_s: float = 0.05) -> PollResult:
-        """One round: take in experience, train what the replay ratio allows, publish, evaluate.
+        """One round: take in experience, train what is due, publish, evaluate."""
+        if not self._started:
+            raise RuntimeError("call start() (or use the engine as a context manager) first")
+        steps_before, updates_before = self._env_steps, self.learner.updates
+        rounds_before = self.learner.rounds if isinstance(self.learner, PPOLearner) else 0
+        if isinstance(self.learner, PPOLearner):
+            metrics = self._poll_rollouts(self.learner, timeout_s)
+            rounds = self.learner.rounds - rounds_before
+        else:
+            metrics = self._poll_replay(self.learner, timeout_s)
+            rounds = 0
+        self._check_actors()
+        evaluation, new_best = self._maybe_evaluate()
+        finished, self._returns_log = self._returns_log, []
+        return PollResult(
+            episode_returns=tuple(r for r, _ in finished),
+            episode_lengths=tuple(n for _, n in finished),
+            env_steps=self._env_steps - steps_before,
+            updates=self.learner.updates - updates_before,
+            train_metrics=metrics,
+            evaluation=evaluation,
+            new_best=new_best,
+            policy_updates=rounds,
+        )
+
+    def _poll_replay(self, learner: Learner, timeout_s: float) -> dict[str, float]:
+        """DQN: train what the replay ratio allows, take in new transitions, publish.
 
         In parallel mode new experience is taken only once the learner has
         done the updates it owes; a learner that falls behind thus holds the
         actors back through their bounded slots instead of letting the
         effective replay ratio drift with machine load.
         """
-        if not self._started:
-            raise RuntimeError("call start() (or use the engine as a context manager) first")
-        returns: list[float] = []
-        lengths: list[int] = []
-        steps_before, updates_before = self._env_steps, self.learner.updates
         metrics: dict[str, float] = {}
-
-        owed = self._owed_updates()
+        owed = self._owed_updates(learner)
         if owed > 0:
-            metrics = self.learner.train(owed if self._serial else min(owed, 64))
-        if self._serial is not None:
+            metrics = learner.train(owed if self._serial else min(owed, 64))
+        if isinstance(self._serial, ActorCore):
             got = self._serial.collect(self.config.steps_per_slot)
             self._take(got.batch, got.env_steps, got.episode_returns, got.episode_lengths)
-            returns += got.episode_returns.tolist()
-            lengths += got.episode_lengths.tolist()
         elif owed <= 0:
-            for got in self._receive(timeout_s):
-                self._take(got.batch, got.env_steps, got.episode_returns, got.episode_lengths)
-                returns += got.episode_returns.tolist()
-                lengths += got.episode_lengths.tolist()
-        self._check_actors()
-
-        if self.learner.updates - self._updates_at_publish >= self.config.weights_interval:
+            for actor, fill in self._receive(timeout_s):
+                self._take_fill(actor, fill)
+        if learner.updates - self._updates_at_publish >= self.config.weights_interval:
             self._publish()
-        evaluation, new_best = self._maybe_evaluate()
-        return PollResult(
-            episode_returns=tuple(returns),
-            episode_lengths=tuple(lengths),
-            env_steps=self._env_steps - steps_before,
-            updates=self.learner.updates - updates_before,
-            train_metrics=metrics,
-            evaluation=evaluation,
-            new_best=new_best,
-        )
+        return metrics
+
+    def _poll_rollouts(self, learner: PPOLearner, timeout_s: float) -> dict[str, float]:
+        """PPO: a rollout from every actor, then one update on all of them, then publish.
+
+        The slots of an update go back to the actors at the start of the next
+        round, not right after it: weights the caller sets in between (an
+        adopted global model) thus reach every step collected after them.
+        """
+        if isinstance(self._serial, PPOActorCore):
+            got = self._serial.collect()
+            self._count(got.env_steps, got.episode_returns, got.episode_lengths)
+            metrics = learner.train(got.rollout)
+            self._publish()
+            return metrics
+        spent, self._spent = self._spent, {}
+        for index, slot in spent.items():
+            with contextlib.suppress(OSError):
+                self._actors[index].free_slots.send_bytes(SLOT_FORMAT.pack(slot))
+        for actor, fill in self._receive(timeout_s):
+            self._take_fill(actor, fill)
+        if len(self._rollouts) < len(self._actors):
+            return {}
+        ordered = [self._rollouts[index][1] for index in sorted(self._rollouts)]
+        metrics = learner.train(Rollout.concat(ordered))
+        self._publish()
+        self._spent = {index: slot for index, (slot, _) in self._rollouts.items()}
+        self._rollouts = {}
+        return metrics
 
     def run(
         self,
@@ -433,14 +565,14 @@ class TrainingEngine:
                 on_poll(result)
         return self.counters
 
-    def _owed_updates(self) -> int:
-        if not self.learner.ready():
+    def _owed_updates(self, learner: Learner) -> int:
+        if not learner.ready():
             return 0
         if self._steps_when_ready is None:
             self._steps_when_ready = self._env_steps
-            self._updates_when_ready = self.learner.updates
+            self._updates_when_ready = learner.updates
         credit = math.floor(self.config.replay_ratio * (self._env_steps - self._steps_when_ready))
-        return credit - (self.learner.updates - self._updates_when_ready)
+        return credit - (learner.updates - self._updates_when_ready)
 
     def _take(
         self,
@@ -449,21 +581,50 @@ class TrainingEngine:
         episode_returns: npt.NDArray[np.float64],
         episode_lengths: npt.NDArray[np.int64],
     ) -> None:
+        assert isinstance(self.learner, Learner)
         if len(batch):
             self.learner.add(batch)
             for hook in self._batch_hooks:
                 hook(batch)
+        self._count(env_steps, episode_returns, episode_lengths)
+
+    def _take_fill(self, actor: _ActorHandle, fill: SlotFill) -> None:
+        """Copy an announced slot out; DQN hands it straight back, PPO holds it for the update."""
+        assert self._ring is not None
+        slot = self._ring.slots[fill.slot]
+        if isinstance(slot, TransitionSlot):
+            batch, returns, lengths = slot.read(fill)
+            with contextlib.suppress(OSError):
+                actor.free_slots.send_bytes(SLOT_FORMAT.pack(fill.slot))
+            self._take(batch, fill.env_steps, returns, lengths)
+            return
+        rollout, returns, lengths = slot.read(fill)
+        assert isinstance(self.learner, PPOLearner)
+        rollout.validate(self.obs_shape, self.learner.action_shape)
+        if actor.spec.index in self._rollouts:
+            raise ActorFailureError(f"actor {actor.spec.index} sent two rollouts for one update")
+        self._rollouts[actor.spec.index] = (fill.slot, rollout)
+        self._count(fill.env_steps, returns, lengths)
+
+    def _count(
+        self,
+        env_steps: int,
+        episode_returns: npt.NDArray[np.float64],
+        episode_lengths: npt.NDArray[np.int64],
+    ) -> None:
         self._env_steps += env_steps
         self._episodes += len(episode_returns)
         self._recent.extend(float(r) for r in episode_returns)
+        self._returns_log.extend(
+            (float(r), int(n)) for r, n in zip(episode_returns, episode_lengths, strict=True)
+        )
 
     def on_batch(self, hook: Callable[[TransitionBatch], None]) -> None:
         """Call `hook` with every local batch the learner takes in, after it was validated."""
         self._batch_hooks.append(hook)
 
-    def _receive(self, timeout_s: float) -> list[Collected]:
-        """Copies out every announced slot and hands each straight back to its actor."""
-        assert self._ring is not None
+    def _receive(self, timeout_s: float) -> list[tuple[_ActorHandle, SlotFill]]:
+        """Every slot announced within the timeout, with the actor that filled it."""
         by_conn = {a.filled_slots: a for a in self._actors}
         received = []
         for conn in wait(list(by_conn), timeout=timeout_s):
@@ -477,10 +638,7 @@ class TrainingEngine:
                 raise ActorFailureError(
                     f"actor {actor.spec.index} announced slot {fill.slot}, not its own"
                 )
-            batch, returns, lengths = self._ring.slots[fill.slot].read(fill)
-            received.append(Collected(batch, fill.env_steps, returns, lengths))
-            with contextlib.suppress(OSError):
-                actor.free_slots.send_bytes(SLOT_FORMAT.pack(fill.slot))
+            received.append((actor, fill))
         return received
 
     def _check_actors(self) -> None:
@@ -503,10 +661,7 @@ class TrainingEngine:
                     message = actor.filled_slots.recv_bytes()
                 except (EOFError, OSError):
                     break
-                fill = parse_fill(message)
-                assert self._ring is not None
-                batch, r, n = self._ring.slots[fill.slot].read(fill)
-                self._take(batch, fill.env_steps, r, n)
+                self._take_fill(actor, parse_fill(message))
             with contextlib.suppress(OSError):
                 actor.free_slots.close()
                 actor.filled_slots.close()
@@ -548,14 +703,16 @@ class TrainingEngine:
             load_named_arrays(net, weights)
         device = next(net.parameters()).device
 
-        def q_values(obs: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        def act(obs: npt.NDArray[np.float32]) -> npt.NDArray[np.generic]:
             with torch.inference_mode():
-                q: npt.NDArray[np.float32] = (
-                    net(torch.from_numpy(obs).to(device)).float().cpu().numpy()
-                )
-            return q
+                batch = torch.from_numpy(obs).to(device)
+                if isinstance(net, ActorCritic):
+                    action: npt.NDArray[np.generic] = net.greedy(batch).cpu().numpy()
+                else:
+                    action = net(batch).argmax(dim=1).cpu().numpy()
+            return action
 
-        return self._evaluator.run(q_values)
+        return self._evaluator.run_policy(act)
 
     # -- hooks for the sync loop and autosave --------------------------------
 
@@ -595,14 +752,20 @@ class TrainingEngine:
         *,
         target: TargetAtAdoption = "reset",
     ) -> None:
-        """Adopt a model (e.g. the global one) and hand it to the actors at once."""
-        self.learner.set_weights(arrays, target=target)
+        """Adopt a model (e.g. the global one) and hand it to the actors at once.
+
+        `target` is the DQN target network's fate (Learner.set_weights); PPO has none.
+        """
+        if isinstance(self.learner, PPOLearner):
+            self.learner.set_weights(arrays)
+        else:
+            self.learner.set_weights(arrays, target=target)
         if self._started:
             self._publish()
 
 
-def _with_seed(config: LearnerConfig, seed: np.random.SeedSequence) -> LearnerConfig:
-    return replace(config, seed=int(seed.generate_state(1)[0]))
+def _seed_of(seed: np.random.SeedSequence) -> int:
+    return int(seed.generate_state(1)[0])
 
 
 def _describe_exit(code: int) -> str:

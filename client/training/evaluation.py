@@ -12,6 +12,8 @@ import numpy.typing as npt
 from fedrl.client.training.vector_env import make_vector_env, reset_seeded
 
 QValues = Callable[[npt.NDArray[np.float32]], npt.NDArray[np.float32]]
+Act = Callable[[npt.NDArray[np.float32]], npt.NDArray[np.generic]]
+"""Observations [B, *obs_shape] to one greedy action each: ints [B], or floats [B, d] for Box."""
 
 
 @dataclass(frozen=True)
@@ -48,14 +50,20 @@ class Evaluator:
         seed: np.random.SeedSequence,
         max_steps: int,
         data: str | None = None,
+        window: int = 0,
     ) -> None:
+        """`window` > 0: observations are windows of the last `window` ones (the transformer)."""
         if episodes < 1:
             raise ValueError(f"evaluation needs at least one episode, got {episodes}")
-        self._env = make_vector_env(env_id, episodes, data)
+        self._env = make_vector_env(env_id, episodes, data, window=window)
         self._seed = seed
         self._max_steps = max_steps
 
     def run(self, q_values: QValues) -> EvalResult:
+        """Greedy on Q-values: the action with the largest one."""
+        return self.run_policy(lambda obs: np.argmax(q_values(obs), axis=1))
+
+    def run_policy(self, act: Act) -> EvalResult:
         """Plays until every env has ended its first episode; after `max_steps`, partial returns."""
         start = time.perf_counter()
         (seeds,) = self._seed.spawn(1)
@@ -64,7 +72,7 @@ class Evaluator:
         total = np.zeros(n, dtype=np.float64)
         running = np.ones(n, dtype=np.bool_)
         for _ in range(self._max_steps):
-            action = np.argmax(q_values(obs), axis=1)
+            action = act(obs)
             next_obs, reward, terminated, truncated, _ = self._env.step(action)
             total += np.where(running, reward, 0.0)
             running &= ~(np.asarray(terminated) | np.asarray(truncated))

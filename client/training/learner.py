@@ -17,7 +17,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedrl.client.training.q_network import build_q_network, load_named_arrays, named_arrays
+from fedrl.client.training.networks import NetworkConfig
+from fedrl.client.training.q_network import (
+    DEFAULT_NETWORK,
+    build_q_network,
+    load_named_arrays,
+    named_arrays,
+)
 from fedrl.client.training.replay import PrioritizedReplay, Replay, SampledBatch
 from fedrl.client.training.transitions import TransitionBatch
 from fedrl.common.config_cli import doc
@@ -257,7 +263,10 @@ class Learner:
         n_actions: int,
         config: LearnerConfig,
         replay: Replay | None = None,
+        network: NetworkConfig = DEFAULT_NETWORK,
     ) -> None:
+        """`network` picks the torso (fedrl.client.training.networks): the MLP of
+        config.hidden by default, or the causal transformer."""
         self.config = config
         self.obs_shape = tuple(obs_shape)
         self.n_actions = n_actions
@@ -267,10 +276,14 @@ class Learner:
         # A local RNG scope: seeding the network must not reseed the caller's torch.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
-            network = build_q_network(
-                self.obs_shape, n_actions, hidden=config.hidden, dueling=config.dueling
+            q_network = build_q_network(
+                self.obs_shape,
+                n_actions,
+                hidden=config.hidden,
+                dueling=config.dueling,
+                network=network,
             )
-        self.online: nn.Module = network.to(self.device)
+        self.online: nn.Module = q_network.to(self.device)
         self.target: nn.Module = copy.deepcopy(self.online).requires_grad_(False)
         # Fused Adam is one kernel for all parameters: on CUDA that removes
         # ~a dozen launches per step, which is most of a small network's step.
@@ -510,9 +523,9 @@ class Learner:
         """
         return {
             "format": STATE_FORMAT,
-            "online": _to_cpu(self.online.state_dict()),
-            "target": _to_cpu(self.target.state_dict()),
-            "optimizer": _to_cpu(self.optimizer.state_dict()),
+            "online": to_cpu(self.online.state_dict()),
+            "target": to_cpu(self.target.state_dict()),
+            "optimizer": to_cpu(self.optimizer.state_dict()),
             "updates": self.updates,
         }
 
@@ -554,12 +567,12 @@ def _check_fits(what: str, module: nn.Module, saved: dict[str, Any]) -> None:
         raise ValueError(f"learner state's {what} network does not fit this one: {differing[:4]}")
 
 
-def _to_cpu(value: Any) -> Any:
+def to_cpu(value: Any) -> Any:
     """A copy of a nested state dict with every tensor moved to the CPU."""
     if isinstance(value, torch.Tensor):
         return value.detach().to("cpu", copy=True)
     if isinstance(value, dict):
-        return {key: _to_cpu(item) for key, item in value.items()}
+        return {key: to_cpu(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [_to_cpu(item) for item in value]
+        return [to_cpu(item) for item in value]
     return value

@@ -1,34 +1,30 @@
-"""The Q-network, and its weights as the named numpy arrays the federation exchanges."""
+"""The Q-network, and any network's weights as the named numpy arrays the federation exchanges."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
+from fedrl.client.training.networks import NetworkConfig, build_torso
+
+DEFAULT_NETWORK = NetworkConfig()
+
 
 class QNetwork(nn.Module):
-    """An MLP from a flattened observation to one Q-value per action.
+    """A torso (fedrl.client.training.networks) and one Q-value per action on top.
 
-    With ``dueling`` the last hidden layer feeds two linear heads, a state value
+    With ``dueling`` the torso's features feed two linear heads, a state value
     V(s) and advantages A(s, a), joined as Q = V + A - mean_a A (Wang et al.
     2016, eq. 9): subtracting the mean makes V and A identifiable, so the value
     head learns from every transition, not only from the action taken.
     """
 
-    def __init__(
-        self, obs_dim: int, n_actions: int, *, hidden: Sequence[int], dueling: bool
-    ) -> None:
+    def __init__(self, torso: nn.Module, width: int, n_actions: int, *, dueling: bool) -> None:
         super().__init__()
-        layers: list[nn.Module] = []
-        width = obs_dim
-        for size in hidden:
-            layers += [nn.Linear(width, size), nn.ReLU()]
-            width = size
-        self.torso = nn.Sequential(*layers)
+        self.torso = torso
         self.dueling = dueling
         if dueling:
             self.value = nn.Linear(width, 1)
@@ -53,25 +49,27 @@ def build_q_network(
     *,
     hidden: tuple[int, ...] = (256, 256),
     dueling: bool = True,
+    network: NetworkConfig = DEFAULT_NETWORK,
 ) -> nn.Module:
-    """A fresh Q-network: float32 [B, *obs_shape] -> Q-values [B, n_actions]."""
-    if not obs_shape or any(d <= 0 for d in obs_shape):
-        raise ValueError(f"obs_shape must be a non-empty tuple of positive sizes, got {obs_shape}")
+    """A fresh Q-network: float32 [B, *obs_shape] -> Q-values [B, n_actions].
+
+    `hidden` are the MLP's widths; the transformer (network.policy) has its own.
+    """
     if n_actions < 1:
         raise ValueError(f"n_actions must be at least 1, got {n_actions}")
-    if any(h <= 0 for h in hidden):
-        raise ValueError(f"hidden layer sizes must be positive, got {hidden}")
-    return QNetwork(math.prod(obs_shape), n_actions, hidden=hidden, dueling=dueling)
+    torso, width = build_torso(obs_shape, hidden=hidden, activation="relu", network=network)
+    return QNetwork(torso, width, n_actions, dueling=dueling)
 
 
-def architecture_name(hidden: tuple[int, ...], dueling: bool) -> str:
+def architecture_name(
+    hidden: tuple[int, ...], dueling: bool, network: NetworkConfig = DEFAULT_NETWORK
+) -> str:
     """The ModelSpec.algorithm string, e.g. "dqn/dueling-mlp-256x256".
 
     Two participants whose networks differ in shape must never share a session,
     and this name is part of the spec hash that enforces it.
     """
-    kind = "dueling-mlp" if dueling else "mlp"
-    return f"dqn/{kind}-{'x'.join(str(h) for h in hidden) or 'linear'}"
+    return f"dqn/{'dueling-' if dueling else ''}{network.describe(hidden)}"
 
 
 def named_arrays(module: nn.Module) -> list[tuple[str, np.ndarray]]:

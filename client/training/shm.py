@@ -1,4 +1,8 @@
-"""Shared memory between actors and learner: a ring of transition slots and a weights board.
+"""Shared memory between actors and learner: a ring of slots and a weights board.
+
+A slot holds one actor's batch: n-step transitions for DQN (`RingLayout`,
+`TransitionSlot`) or one rollout for PPO (`RolloutLayout`, `RolloutSlot`);
+`SlotRing` is the segment either kind of slot lives in.
 
 Both are plain `multiprocessing.shared_memory` segments named with the
 `fedrl_` prefix, created by the learner process, which alone unlinks them.
@@ -16,10 +20,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing import shared_memory
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+from fedrl.client.training.rollout import Rollout
 from fedrl.client.training.transitions import TransitionBatch
 
 SEGMENT_PREFIX = "fedrl_"
@@ -35,6 +41,22 @@ def _aligned(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
+FieldSpec = tuple[str, tuple[int, ...], np.dtype[np.generic]]
+"""One array of a slot: its name, shape and dtype."""
+
+
+def _fields_bytes(fields: list[FieldSpec]) -> int:
+    return sum(_aligned(int(np.prod(shape)) * dtype.itemsize) for _, shape, dtype in fields)
+
+
+def _views(buf: memoryview, offset: int, fields: list[FieldSpec]) -> dict[str, np.ndarray]:
+    arrays: dict[str, np.ndarray] = {}
+    for name, shape, dtype in fields:
+        arrays[name] = np.ndarray(shape, dtype=dtype, buffer=buf, offset=offset)
+        offset += _aligned(int(np.prod(shape)) * dtype.itemsize)
+    return arrays
+
+
 @dataclass(frozen=True)
 class RingLayout:
     """Geometry of the transition ring; actors rebuild the same views from it."""
@@ -44,7 +66,7 @@ class RingLayout:
     episodes_per_slot: int
     obs_shape: tuple[int, ...]
 
-    def _fields(self) -> list[tuple[str, tuple[int, ...], np.dtype[np.generic]]]:
+    def _fields(self) -> list[FieldSpec]:
         r, e = self.rows_per_slot, self.episodes_per_slot
         return [
             ("obs", (r, *self.obs_shape), np.dtype(np.float32)),
@@ -58,13 +80,10 @@ class RingLayout:
 
     @property
     def slot_bytes(self) -> int:
-        return sum(
-            _aligned(int(np.prod(shape)) * dtype.itemsize) for _, shape, dtype in self._fields()
-        )
+        return _fields_bytes(self._fields())
 
-    @property
-    def total_bytes(self) -> int:
-        return self.num_slots * self.slot_bytes
+    def make_slot(self, buf: memoryview, offset: int) -> TransitionSlot:
+        return TransitionSlot(buf, offset, self)
 
 
 @dataclass(frozen=True)
@@ -81,11 +100,7 @@ class TransitionSlot:
     """Numpy views of one slot of the ring."""
 
     def __init__(self, buf: memoryview, offset: int, layout: RingLayout) -> None:
-        self.arrays: dict[str, npt.NDArray[np.generic]] = {}
-        for name, shape, dtype in layout._fields():
-            count = int(np.prod(shape))
-            self.arrays[name] = np.ndarray(shape, dtype=dtype, buffer=buf, offset=offset)
-            offset += _aligned(count * dtype.itemsize)
+        self.arrays = _views(buf, offset, layout._fields())
         self.rows_capacity = layout.rows_per_slot
         self.episodes_capacity = layout.episodes_per_slot
 
@@ -131,23 +146,135 @@ class TransitionSlot:
         return batch, returns, lengths
 
 
-class TransitionRing:
+@dataclass(frozen=True)
+class RolloutLayout:
+    """Geometry of a PPO rollout slot: `steps` vector steps of `envs` envs."""
+
+    num_slots: int
+    steps: int
+    envs: int
+    obs_shape: tuple[int, ...]
+    action_shape: tuple[int, ...]
+    """() for Discrete actions (int64), (d,) for Box actions (float32)."""
+
+    @property
+    def episodes_per_slot(self) -> int:
+        # An episode spans at least two vector steps (its last one and the
+        # autoreset step), except one ending on the rollout's first step.
+        return self.envs * (self.steps // 2 + 1)
+
+    def _fields(self) -> list[FieldSpec]:
+        t, e = self.steps, self.envs
+        action_dtype = np.float32 if self.action_shape else np.int64
+        return [
+            ("obs", (t, e, *self.obs_shape), np.dtype(np.float32)),
+            ("action", (t, e, *self.action_shape), np.dtype(action_dtype)),
+            ("log_prob", (t, e), np.dtype(np.float32)),
+            ("value", (t + 1, e), np.dtype(np.float32)),
+            ("reward", (t, e), np.dtype(np.float32)),
+            ("terminated", (t, e), np.dtype(np.bool_)),
+            ("truncated", (t, e), np.dtype(np.bool_)),
+            ("valid", (t, e), np.dtype(np.bool_)),
+            ("episode_return", (self.episodes_per_slot,), np.dtype(np.float64)),
+            ("episode_length", (self.episodes_per_slot,), np.dtype(np.int64)),
+        ]
+
+    @property
+    def slot_bytes(self) -> int:
+        return _fields_bytes(self._fields())
+
+    def make_slot(self, buf: memoryview, offset: int) -> RolloutSlot:
+        return RolloutSlot(buf, offset, self)
+
+
+_ROLLOUT_COLUMNS = (
+    "obs",
+    "action",
+    "log_prob",
+    "value",
+    "reward",
+    "terminated",
+    "truncated",
+    "valid",
+)
+
+
+class RolloutSlot:
+    """Numpy views of one rollout slot."""
+
+    def __init__(self, buf: memoryview, offset: int, layout: RolloutLayout) -> None:
+        self.arrays = _views(buf, offset, layout._fields())
+        self.episodes_capacity = layout.episodes_per_slot
+
+    def write(
+        self,
+        rollout: Rollout,
+        episode_returns: npt.NDArray[np.float64],
+        episode_lengths: npt.NDArray[np.int64],
+    ) -> None:
+        episodes = len(episode_returns)
+        if episodes > self.episodes_capacity:
+            raise ValueError(f"slot holds {self.episodes_capacity} episodes, got {episodes}")
+        for name in _ROLLOUT_COLUMNS:
+            target, column = self.arrays[name], getattr(rollout, name)
+            if target.shape != column.shape:
+                raise ValueError(
+                    f"rollout {name} has shape {column.shape}, the slot {target.shape}"
+                )
+            target[...] = column
+        self.arrays["episode_return"][:episodes] = episode_returns
+        self.arrays["episode_length"][:episodes] = episode_lengths
+
+    def read(
+        self, fill: SlotFill
+    ) -> tuple[Rollout, npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+        """Copies out; `fill.rows` is unused (a rollout always fills its slot)."""
+        if not 0 <= fill.episodes <= self.episodes_capacity:
+            raise ValueError(f"slot fill {fill} exceeds the slot's capacity")
+        a = self.arrays
+        rollout = Rollout(**{name: a[name].copy() for name in _ROLLOUT_COLUMNS})
+        returns = np.asarray(a["episode_return"][: fill.episodes], dtype=np.float64).copy()
+        lengths = np.asarray(a["episode_length"][: fill.episodes], dtype=np.int64).copy()
+        return rollout, returns, lengths
+
+
+S_co = TypeVar("S_co", covariant=True)
+
+
+class SlotLayout(Protocol[S_co]):
+    """What a ring needs of a slot kind: how many, how large, and views of one."""
+
+    @property
+    def num_slots(self) -> int: ...
+
+    @property
+    def slot_bytes(self) -> int: ...
+
+    def make_slot(self, buf: memoryview, offset: int) -> S_co: ...
+
+
+SlotT = TypeVar("SlotT")
+
+
+class SlotRing(Generic[SlotT]):
     """Preallocated slots that actors fill and the learner drains; pipes carry only slot indices."""
 
-    def __init__(self, layout: RingLayout, *, name: str | None = None) -> None:
+    def __init__(self, layout: SlotLayout[SlotT], *, name: str | None = None) -> None:
         self.layout = layout
         self._owner = name is None
         if name is None:
             self._shm = shared_memory.SharedMemory(
-                name=_segment_name("ring"), create=True, size=max(1, layout.total_bytes)
+                name=_segment_name("ring"),
+                create=True,
+                size=max(1, layout.num_slots * layout.slot_bytes),
             )
         else:
             self._shm = shared_memory.SharedMemory(name=name)
         self.name = self._shm.name
         buf = self._shm.buf
         assert buf is not None
-        self.slots = [
-            TransitionSlot(buf, i * layout.slot_bytes, layout) for i in range(layout.num_slots)
+        self.slots: list[SlotT] = [
+            layout.make_slot(buf, i * layout.slot_bytes) for i in range(layout.num_slots)
         ]
         self._closed = False
 

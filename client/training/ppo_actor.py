@@ -1,0 +1,128 @@
+"""PPO's actors: E envs stepped as one batch, actions sampled from a CPU copy of the actor-critic.
+
+The on-policy counterpart of fedrl.client.training.actor.ActorCore: no
+exploration schedule (the policy's own randomness explores), and instead of
+n-step transitions it records a whole rollout of `steps_per_slot` vector
+steps with each action's log-probability and each state's value. The same
+actor processes, shared memory and serial mode serve both
+(fedrl.client.training.actor.actor_process).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from fedrl.client.training.networks import NetworkConfig
+from fedrl.client.training.policy_network import build_actor_critic
+from fedrl.client.training.q_network import load_named_arrays
+from fedrl.client.training.rollout import Rollout, RolloutRecorder
+from fedrl.client.training.shm import RolloutSlot
+from fedrl.client.training.vector_env import env_shape, make_vector_env, reset_seeded
+
+
+@dataclass(frozen=True)
+class PPOActorSpec:
+    """Everything one PPO actor needs, in plain values (it crosses the spawn boundary)."""
+
+    index: int
+    env_id: str
+    data: str | None
+    num_envs: int
+    seed_entropy: int
+    seed_spawn_key: tuple[int, ...]
+    steps_per_slot: int
+    """Vector steps per rollout."""
+    hidden: tuple[int, ...]
+    network: NetworkConfig
+
+
+@dataclass(frozen=True)
+class CollectedRollout:
+    """One rollout and what else happened while it was collected."""
+
+    rollout: Rollout
+    env_steps: int
+    episode_returns: npt.NDArray[np.float64]
+    episode_lengths: npt.NDArray[np.int64]
+
+
+class PPOActorCore:
+    """Collects rollouts from one env batch with the newest policy it was given."""
+
+    def __init__(self, spec: PPOActorSpec) -> None:
+        self._spec = spec
+        seeds = np.random.SeedSequence(spec.seed_entropy, spawn_key=spec.seed_spawn_key)
+        env_seeds, action_seeds, torch_seed = seeds.spawn(3)
+        self._env = make_vector_env(
+            spec.env_id, spec.num_envs, spec.data, window=spec.network.window
+        )
+        self.shape = env_shape(self._env, continuous=True)
+        self.obs_shape = self.shape.obs_shape
+        self.action_shape: tuple[int, ...] = () if self.shape.discrete else (self.shape.action_dim,)
+        # Sampling draws from a generator of its own: reproducible whatever
+        # else in the process touches torch's global one.
+        self._generator = torch.Generator().manual_seed(int(action_seeds.generate_state(1)[0]))
+        torch.manual_seed(int(torch_seed.generate_state(1)[0]))
+        self._net = build_actor_critic(
+            self.obs_shape, self.shape, hidden=spec.hidden, network=spec.network
+        ).eval()
+        self._low = np.asarray(self.shape.action_low, dtype=np.float32)
+        self._high = np.asarray(self.shape.action_high, dtype=np.float32)
+        self._recorder = RolloutRecorder(
+            num_envs=spec.num_envs,
+            obs_shape=self.obs_shape,
+            action_shape=self.action_shape,
+            steps=spec.steps_per_slot,
+        )
+        self._obs = reset_seeded(self._env, env_seeds)
+        self.weights_version = -1
+
+    def load_weights(
+        self, arrays: Sequence[tuple[str, npt.NDArray[np.generic]]], version: int
+    ) -> None:
+        load_named_arrays(self._net, list(arrays))
+        self.weights_version = version
+
+    def collect(self) -> CollectedRollout:
+        """One rollout of `steps_per_slot` vector steps."""
+        returns: list[npt.NDArray[np.float64]] = []
+        lengths: list[npt.NDArray[np.int64]] = []
+        env_steps = 0
+        net = self._net
+        with torch.inference_mode():
+            while not self._recorder.full:
+                obs = self._obs
+                params, value = net(torch.from_numpy(obs))
+                action = net.sample(params, self._generator)
+                log_prob = net.log_prob(params, action)
+                chosen = action.numpy()
+                to_env = chosen if self.shape.discrete else np.clip(chosen, self._low, self._high)
+                next_obs, reward, terminated, truncated, _ = self._env.step(to_env)
+                stats = self._recorder.add(
+                    obs, chosen, log_prob.numpy(), value.numpy(), reward, terminated, truncated
+                )
+                returns.append(stats.episode_returns)
+                lengths.append(stats.episode_lengths)
+                env_steps += stats.env_steps
+                self._obs = np.asarray(next_obs, dtype=np.float32)
+            _, last_value = net(torch.from_numpy(self._obs))
+        return CollectedRollout(
+            rollout=self._recorder.finish(last_value.numpy()),
+            env_steps=env_steps,
+            episode_returns=np.concatenate(returns),
+            episode_lengths=np.concatenate(lengths),
+        )
+
+    def fill(self, slot: RolloutSlot) -> tuple[int, int, int]:
+        """Collect into a shared-memory slot; (rows, episodes, env steps) for the fill message."""
+        got = self.collect()
+        slot.write(got.rollout, got.episode_returns, got.episode_lengths)
+        return got.rollout.steps * got.rollout.envs, len(got.episode_returns), got.env_steps
+
+    def close(self) -> None:
+        self._env.close()
