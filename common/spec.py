@@ -65,7 +65,9 @@ def spec_difference(expected: pb.ModelSpec, got: pb.ModelSpec) -> str | None:
     want, have = canonical_spec(expected), canonical_spec(got)
     for field in ("algorithm", "env_id"):
         if want[field] != have[field]:
-            return f"{field}: session has {want[field]!r}, yours is {have[field]!r}"
+            return f"{field}: session has {want[field]!r}, yours is {have[field]!r}" + (
+                _family_note(want[field], have[field]) if field == "algorithm" else ""
+            )
     for space in ("observation_space", "action_space"):
         for key in ("kind", "shape", "dtype", "n", "low", "high"):
             if want[space][key] != have[space][key]:
@@ -87,3 +89,14 @@ def spec_difference(expected: pb.ModelSpec, got: pb.ModelSpec) -> str | None:
                     f"yours is {b[key]!r}"
                 )
     return None
+
+
+def _family_note(session: str, yours: str) -> str:
+    """Names like "dqn/..." and "ppo/...": say so when the learning algorithms themselves differ."""
+    want, have = session.partition("/")[0], yours.partition("/")[0]
+    if want == have:
+        return ""
+    return (
+        f" (the session learns with {want.upper()}, you with {have.upper()}: a session has one "
+        "algorithm; join another session or train with its algorithm)"
+    )

@@ -21,7 +21,14 @@ import numpy.typing as npt
 import torch
 from gymnasium.envs.registration import load_env_creator
 
-from fedrl.client.training.q_network import build_q_network
+from fedrl.client.training.architecture import (
+    ArchitectureError,
+    build_from_tensors,
+    infer_architecture,
+)
+from fedrl.client.training.obs_window import ObservationWindow
+from fedrl.client.training.policy_network import ActorCritic
+from fedrl.client.training.vector_env import EnvShape
 from fedrl.common.config_cli import doc, section, takes_config
 
 # Importing any fedrl.envs module registers fedrl/Trading-v0 with Gymnasium.
@@ -30,7 +37,18 @@ from fedrl.envs.trading_config import TradingConfig
 
 Policy = Callable[[npt.NDArray[np.float32]], npt.NDArray[np.integer[Any]]]
 """Greedy policy: observations (B, *obs_shape) float32 to actions (B,) ints."""
-PolicyLoader = Callable[[Path, tuple[int, ...], int], Policy]
+
+
+@dataclass(frozen=True)
+class WindowedPolicy:
+    """A policy that decides on each env's window of its last `context` observations."""
+
+    act: Policy
+    """Windows (B, context, features + 1) to actions (B,)."""
+    context: int
+
+
+PolicyLoader = Callable[[Path, tuple[int, ...], int], Policy | WindowedPolicy]
 """(model path, observation shape, action count) to a policy."""
 
 _NS_PER_YEAR = 365.25 * 24 * 3600 * 1e9
@@ -106,7 +124,7 @@ class BacktestResult:
     buy_and_hold: Curve
 
 
-def run_backtest(policy: Policy, config: TradingConfig) -> BacktestResult:
+def run_backtest(policy: Policy | WindowedPolicy, config: TradingConfig) -> BacktestResult:
     """Step `config`'s evaluation split once, start to end, with `policy` and with buy-and-hold."""
     env = TradingEnv(dataclasses.replace(config, split="eval", episode_length=None))
     n_actions = env.n_actions
@@ -124,19 +142,31 @@ def run_backtest(policy: Policy, config: TradingConfig) -> BacktestResult:
 
 
 def _walk(
-    env: TradingEnv, policy: Policy
+    env: TradingEnv, policy: Policy | WindowedPolicy
 ) -> tuple[npt.NDArray[np.int64], tuple[list[float], list[int]]]:
     obs, info = env.reset(seed=0)
+    window = (
+        ObservationWindow(1, env.obs_shape, policy.context)
+        if isinstance(policy, WindowedPolicy)
+        else None
+    )
+    seen = window.reset(obs[None]) if window is not None else obs[None]
+    act = policy.act if isinstance(policy, WindowedPolicy) else policy
     times, equity, positions = [info["time_ns"]], [info["equity"]], []
     done = False
     while not done:
-        chosen = np.asarray(policy(obs[None]))
+        chosen = np.asarray(act(seen))
         if chosen.shape != (1,) or chosen.dtype.kind not in "iu":
             raise ValueError(
                 f"the policy must return one integer action per observation, got shape "
                 f"{chosen.shape} of {chosen.dtype}"
             )
         obs, _, terminated, truncated, info = env.step(int(chosen[0]))
+        seen = (
+            window.push(obs[None], starts=np.zeros(1, dtype=np.bool_))
+            if window is not None
+            else obs[None]
+        )
         times.append(info["time_ns"])
         equity.append(info["equity"])
         positions.append(info["position"])
@@ -205,13 +235,17 @@ def write_equity_png(result: BacktestResult, path: Path) -> None:
 # --- Model ----------------------------------------------------------------------------------
 
 
-def load_policy(model_path: Path, obs_shape: tuple[int, ...], n_actions: int) -> Policy:
-    """The greedy policy of a saved Q-network (a torch.save'd dict, loaded without pickle).
+def load_policy(
+    model_path: Path, obs_shape: tuple[int, ...], n_actions: int
+) -> Policy | WindowedPolicy:
+    """The greedy policy of a saved model (a torch.save'd dict, loaded without pickle).
 
-    Accepts a client state dir's model file ({"tensors": {name: tensor}, ...}), a learner
-    state ({"online": state_dict, ...}), {"model": state_dict}, or a bare state_dict. The
-    layer sizes and the dueling head are read off the tensors' shapes, so a model trained
-    with any `hidden` loads without being told it.
+    Accepts a client state dir's model file ({"tensors": {name: tensor}, ...}), a
+    learner state (DQN's {"online": ...}, PPO's {"net": ...}), {"model": state_dict},
+    or a bare state_dict. A DQN acts on the argmax of its Q-values, a PPO policy on
+    its most probable action; the network's kind and sizes are read off the tensors
+    (fedrl.client.training.architecture), so a model trained with any settings loads
+    without being told them. A transformer's policy decides on observation windows.
     """
     try:
         saved = torch.load(model_path, map_location="cpu", weights_only=True)
@@ -223,36 +257,35 @@ def load_policy(model_path: Path, obs_shape: tuple[int, ...], n_actions: int) ->
             f"{model_path}: expected a dict of tensors, or one under "
             f"{' or '.join(repr(k) for k in _WEIGHT_KEYS)}"
         )
-    hidden = tuple(
-        int(weights[name].shape[0])
-        for name in sorted(
-            (n for n in weights if n.startswith("torso.") and n.endswith(".weight")),
-            key=lambda n: int(n.split(".")[1]),
-        )
-    )
-    network = build_q_network(
-        obs_shape, n_actions, hidden=hidden, dueling="value.weight" in weights
-    )
+    tensors = [(name, t.numpy()) for name, t in weights.items()]
     try:
-        network.load_state_dict(weights)
-    except RuntimeError as err:
+        arch = infer_architecture(tensors)
+        network = build_from_tensors(
+            tensors,
+            arch.input_shape(obs_shape),
+            EnvShape(obs_shape=arch.input_shape(obs_shape), n_actions=n_actions),
+        )
+    except ArchitectureError as err:
         raise ValueError(
             f"{model_path}: the model does not fit this environment's observation "
             f"{obs_shape} and {n_actions} actions: {err}"
         ) from err
-    network.eval()
 
     def greedy(obs: npt.NDArray[np.float32]) -> npt.NDArray[np.int64]:
         with torch.no_grad():
-            q = network(torch.as_tensor(obs, dtype=torch.float32))
-        return np.asarray(q.argmax(dim=1).numpy(), dtype=np.int64)
+            batch = torch.as_tensor(obs, dtype=torch.float32)
+            if isinstance(network, ActorCritic):
+                action = network.greedy(batch)
+            else:
+                action = network(batch).argmax(dim=1)
+        return np.asarray(action.numpy(), dtype=np.int64)
 
-    return greedy
+    return WindowedPolicy(greedy, arch.window) if arch.window else greedy
 
 
 # Where the weights sit: a client state dir's model.pt and best.pt ("tensors"), a learner
-# state ("online"), or a hand-saved {"model": ...}.
-_WEIGHT_KEYS = ("tensors", "online", "model")
+# state ("online" for DQN, "net" for PPO), or a hand-saved {"model": ...}.
+_WEIGHT_KEYS = ("tensors", "online", "net", "model")
 
 
 def _state_dict_of(saved: object) -> dict[str, Any] | None:
@@ -276,7 +309,10 @@ class BacktestConfig:
 
     model_path: Path = field(
         metadata=doc(
-            "Saved Q-network (.pt) to run greedily.", flag="--model", path="file", exists=True
+            "Saved model (.pt: a DQN or PPO policy) to run greedily.",
+            flag="--model",
+            path="file",
+            exists=True,
         ),
     )
     env_id: str = field(default=ENV_ID, metadata=doc("Trading env id.", flag="--env"))

@@ -224,4 +224,3 @@ def check_algorithm_options(config: TrainConfig, given: Set[str]) -> None:
         if named:
             flags = ", ".join("--" + name.replace("_", "-") for name in named)
             raise ValueError(f"{flags} set PPO's learner: add --algo ppo, or drop them")
-

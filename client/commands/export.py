@@ -1,20 +1,21 @@
-"""`fedrl-client export`: the Q-network as ONNX or TorchScript, checked against the original.
+"""`fedrl-client export`: a greedy policy as ONNX or TorchScript, checked against the original.
 
-The exported file stands alone: it maps a float32 observation batch
-`[B, *obs_shape]` (input "obs") to Q-values `[B, n_actions]` (output
-"q_values"), and the greedy action is their argmax. Before the file is put
-in place, it is loaded back with its own runtime (torch.jit, onnxruntime or
-onnx's reference evaluator) and must choose the same greedy action as the
-original network on a batch of observations from the env; a file that would
-act differently is never written.
+The exported file stands alone. Its input "obs" is a float32 observation
+batch `[B, *obs_shape]` (for a transformer, each env's window of its last k
+observations: `[B, k, features + 1]`, see fedrl.client.training.obs_window).
+A DQN's output is "q_values" `[B, n_actions]`, whose argmax is the greedy
+action; a PPO policy's output is "action": the greedy action itself, int64
+`[B]` for Discrete actions and the mean, clipped to the space, float32
+`[B, d]` for Box actions. Before the file is put in place, it is loaded back
+with its own runtime (torch.jit, onnxruntime or onnx's reference evaluator)
+and must act like the original network on a batch of observations from the
+env; a file that would act differently is never written.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
-import math
-import re
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator
@@ -28,14 +29,20 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from fedrl.client.training.q_network import build_q_network, load_named_arrays
-from fedrl.client.training.vector_env import env_shape, make_vector_env
+from fedrl.client.training.architecture import (
+    Architecture,
+    ArchitectureError,
+    build_from_tensors,
+    infer_architecture,
+)
+from fedrl.client.training.policy_network import ActorCritic, GreedyPolicy
+from fedrl.client.training.vector_env import EnvShape, env_shape, make_vector_env
 from fedrl.common.config_cli import doc, takes_config
 from fedrl.common.durable_files import replacing
 
 Format = Literal["onnx", "torchscript"]
 NamedArrays = list[tuple[str, npt.NDArray[Any]]]
-INPUT_NAME, OUTPUT_NAME = "obs", "q_values"
+INPUT_NAME, OUTPUT_NAME, ACTION_NAME = "obs", "q_values", "action"
 ONNX_INSTALL_HINT = (
     "ONNX export needs the optional packages onnx and onnxruntime: "
     "pip install 'fedrl[export]' (or: pip install onnx onnxruntime)"
@@ -98,16 +105,6 @@ class LoadedModel:
 
 
 @dataclass(frozen=True)
-class Architecture:
-    """A QNetwork's shape, read back from its tensors."""
-
-    obs_dim: int
-    n_actions: int
-    hidden: tuple[int, ...]
-    dueling: bool
-
-
-@dataclass(frozen=True)
 class ExportReport:
     """What was written and how well it matched the original."""
 
@@ -115,13 +112,17 @@ class ExportReport:
     format: Format
     obs_shape: tuple[int, ...]
     n_actions: int
+    """Discrete actions; 0 for Box actions."""
+    output: str
+    """What the file outputs, e.g. "'q_values' [batch, 2]; greedy action = argmax"."""
     observations: int
     """Observations both models acted on."""
     near_ties: int
-    """Observations whose best two Q-values the original itself separates by less than the
-    numeric tolerance; a different pick among them is rounding, not a different policy."""
+    """Observations whose best two Q-values (or logits) the original itself separates by less
+    than the numeric tolerance; a different pick among them is rounding, not another policy."""
     max_abs_diff: float
-    """Largest |Q_exported − Q_original| over the batch."""
+    """Largest difference between the exported and the original outputs (Q-values, or a Box
+    policy's actions; 0 for a Discrete policy's actions, which are compared exactly)."""
     runtime: str
     """What ran the exported file for the check."""
 
@@ -170,46 +171,8 @@ def _load_npz(path: Path) -> NamedArrays:
         raise ExportError(f"{path} cannot be read as a numpy .npz checkpoint: {exc}") from exc
 
 
-_TORSO = re.compile(r"torso\.(\d+)\.weight")
-
-
-def infer_architecture(tensors: NamedArrays) -> Architecture:
-    """Hidden widths, dueling and sizes from the tensor names and shapes of a QNetwork."""
-    shapes = {name: tuple(int(d) for d in array.shape) for name, array in tensors}
-    torso = sorted(
-        (int(m[1]), shapes[name]) for name in shapes if (m := _TORSO.fullmatch(name)) is not None
-    )
-    dueling = "advantage.weight" in shapes and "value.weight" in shapes
-    head = shapes.get("advantage.weight" if dueling else "head.weight")
-    if head is None or len(head) != 2 or any(len(shape) != 2 for _, shape in torso):
-        names = ", ".join(list(shapes)[:6])
-        raise ExportError(
-            "these tensors are not a fedrl Q-network (expected torso.N.weight and head.weight, "
-            f"or advantage.weight and value.weight); found: {names}"
-        )
-    hidden = tuple(shape[0] for _, shape in torso)
-    obs_dim = torso[0][1][1] if torso else head[1]
-    return Architecture(obs_dim=obs_dim, n_actions=head[0], hidden=hidden, dueling=dueling)
-
-
-def build_network(tensors: NamedArrays, obs_shape: tuple[int, ...]) -> nn.Module:
-    """The original network in eval mode, loaded strictly (every name and shape must fit)."""
-    arch = infer_architecture(tensors)
-    if math.prod(obs_shape) != arch.obs_dim:
-        raise ExportError(
-            f"the network takes {arch.obs_dim} inputs, but observations of shape {obs_shape} "
-            f"have {math.prod(obs_shape)}; is --env the env this model was trained on?"
-        )
-    net = build_q_network(obs_shape, arch.n_actions, hidden=arch.hidden, dueling=arch.dueling)
-    try:
-        load_named_arrays(net, tensors)
-    except ValueError as exc:
-        raise ExportError(f"the weights do not fit the network they describe: {exc}") from exc
-    return net.eval()
-
-
 def sample_observations(
-    env_id: str | None, obs_shape: tuple[int, ...], count: int, *, seed: int
+    env_id: str | None, obs_shape: tuple[int, ...], count: int, *, seed: int, window: int = 0
 ) -> npt.NDArray[np.float32]:
     """Observations to compare actions on: half visited by a random policy, half perturbed.
 
@@ -222,7 +185,7 @@ def sample_observations(
         return rng.standard_normal((count, *obs_shape)).astype(np.float32)
     visited_count = max(1, count // 2)
     envs = min(16, visited_count)
-    env = make_vector_env(env_id, envs)
+    env = make_vector_env(env_id, envs, window=window)
     try:
         obs, _ = env.reset(seed=seed)
         env.action_space.seed(seed)
@@ -236,6 +199,9 @@ def sample_observations(
     scale = states.std(axis=0) + 1e-3
     picks = states[rng.integers(len(states), size=count - visited_count)]
     noisy = picks + scale * rng.standard_normal(picks.shape)
+    if window:
+        # A window's step flags say which steps exist: noise must not blur them.
+        noisy[..., -1] = picks[..., -1]
     return np.concatenate([states, noisy.astype(np.float32)])
 
 
@@ -256,7 +222,7 @@ def write_torchscript(net: nn.Module, example: torch.Tensor, out: Path) -> None:
         torch.jit.save(traced, str(out))
 
 
-def write_onnx(net: nn.Module, example: torch.Tensor, out: Path) -> None:
+def write_onnx(net: nn.Module, example: torch.Tensor, out: Path, output: str) -> None:
     with _quiet_deprecations(), torch.no_grad():
         torch.onnx.export(
             net,
@@ -264,8 +230,8 @@ def write_onnx(net: nn.Module, example: torch.Tensor, out: Path) -> None:
             str(out),
             dynamo=False,
             input_names=[INPUT_NAME],
-            output_names=[OUTPUT_NAME],
-            dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+            output_names=[output],
+            dynamic_axes={INPUT_NAME: {0: "batch"}, output: {0: "batch"}},
         )
 
 
@@ -281,7 +247,7 @@ def torchscript_runner(path: Path) -> tuple[Callable[[np.ndarray], np.ndarray], 
     return run, f"torch.jit {torch.__version__}"
 
 
-def onnx_runner(path: Path) -> tuple[Callable[[np.ndarray], np.ndarray], str]:
+def onnx_runner(path: Path, output: str) -> tuple[Callable[[np.ndarray], np.ndarray], str]:
     """onnxruntime where installed, else onnx's pure-Python reference evaluator."""
     # Optional extras, imported by name only when used: the rest of the
     # command (and TorchScript export) must work without them.
@@ -289,14 +255,14 @@ def onnx_runner(path: Path) -> tuple[Callable[[np.ndarray], np.ndarray], str]:
         onnxruntime = importlib.import_module("onnxruntime")
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         return (
-            lambda obs: np.asarray(session.run([OUTPUT_NAME], {INPUT_NAME: obs})[0]),
+            lambda obs: np.asarray(session.run([output], {INPUT_NAME: obs})[0]),
             f"onnxruntime {onnxruntime.__version__}",
         )
     onnx = importlib.import_module("onnx")
     reference = importlib.import_module("onnx.reference")
     evaluator = reference.ReferenceEvaluator(onnx.load(str(path)))
     return (
-        lambda obs: np.asarray(evaluator.run([OUTPUT_NAME], {INPUT_NAME: obs})[0]),
+        lambda obs: np.asarray(evaluator.run([output], {INPUT_NAME: obs})[0]),
         f"onnx reference evaluator {onnx.__version__}",
     )
 
@@ -331,6 +297,60 @@ def compare_actions(
     return int(near_tie.sum()), max_diff
 
 
+def compare_policy(
+    original: np.ndarray,
+    exported: np.ndarray,
+    logits: np.ndarray | None,
+    *,
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
+) -> tuple[int, float]:
+    """(near ties, max difference) of a policy's greedy actions; ExportError if they differ.
+
+    Discrete (with the original's `logits`): the same action everywhere except
+    where the original's two best logits are within the tolerance. Box: the
+    actions agree within the tolerance.
+    """
+    if original.shape != exported.shape:
+        raise ExportError(
+            f"the exported model returns shape {exported.shape}, the original {original.shape}"
+        )
+    if logits is None:
+        diff = np.abs(exported.astype(np.float64) - original.astype(np.float64))
+        max_diff = float(diff.max()) if diff.size else 0.0
+        if not np.all(diff <= atol + rtol * np.abs(original)):
+            raise ExportError(f"exported actions differ from the original by up to {max_diff:.3g}")
+        return 0, max_diff
+    tolerance = atol + rtol * np.abs(logits).max(axis=1)
+    top2 = np.sort(logits, axis=1)[:, -2:] if logits.shape[1] > 1 else None
+    margin = top2[:, 1] - top2[:, 0] if top2 is not None else np.full(len(logits), np.inf)
+    near_tie = margin <= 2 * tolerance
+    flipped = (original != exported) & ~near_tie
+    if flipped.any():
+        raise ExportError(
+            f"the exported model picks a different greedy action on {int(flipped.sum())} of "
+            f"{len(original)} observations"
+        )
+    return int(near_tie.sum()), 0.0
+
+
+def _env_facts(env_id: str, arch: Architecture) -> EnvShape:
+    env = make_vector_env(env_id, 1, window=arch.window)
+    try:
+        shape = env_shape(env, continuous=True)
+    finally:
+        env.close()
+    if arch.n_actions and shape.n_actions and shape.n_actions != arch.n_actions:
+        raise ExportError(
+            f"{env_id} has {shape.n_actions} actions, the network {arch.n_actions}; "
+            "is --env the env this model was trained on?"
+        )
+    problem = arch.fits(shape)
+    if problem is not None:
+        raise ExportError(f"{env_id}: {problem}; is --env the env this model was trained on?")
+    return shape
+
+
 def export_model(config: ExportConfig) -> ExportReport:
     """Writes the export next to --out, verifies it, then renames it into place."""
     if config.out.exists() and not config.overwrite:
@@ -339,42 +359,45 @@ def export_model(config: ExportConfig) -> ExportReport:
         raise ExportError(ONNX_INSTALL_HINT)
     loaded = load_model(config.model)
     env_id = config.env or loaded.env
-    arch = infer_architecture(loaded.tensors)
-    if env_id is not None:
-        env = make_vector_env(env_id, 1)
-        try:
-            shape = env_shape(env)
-        finally:
-            env.close()
-        obs_shape, n_actions = shape.obs_shape, shape.n_actions
-        if n_actions != arch.n_actions:
-            raise ExportError(
-                f"{env_id} has {n_actions} actions, the network {arch.n_actions}; "
-                "is --env the env this model was trained on?"
-            )
-    else:
-        obs_shape = (arch.obs_dim,)
-    net = build_network(loaded.tensors, obs_shape)
-    observations = sample_observations(env_id, obs_shape, config.samples, seed=config.seed)
+    try:
+        arch = infer_architecture(loaded.tensors)
+        shape = _env_facts(env_id, arch) if env_id is not None else None
+        obs_shape = shape.obs_shape if shape is not None else arch.input_shape()
+        net = build_from_tensors(loaded.tensors, obs_shape, shape)
+    except ArchitectureError as exc:
+        raise ExportError(str(exc)) from exc
+    observations = sample_observations(
+        env_id, obs_shape, config.samples, seed=config.seed, window=arch.window
+    )
+    policy = net if not isinstance(net, ActorCritic) else GreedyPolicy(net).eval()
+    logits = None
     with torch.no_grad():
-        original = net(torch.from_numpy(observations)).numpy()
+        original = policy(torch.from_numpy(observations)).numpy()
+        if isinstance(net, ActorCritic) and net.discrete:
+            logits = net(torch.from_numpy(observations))[0].numpy()
+    output = OUTPUT_NAME if policy is net else ACTION_NAME
 
     config.out.parent.mkdir(parents=True, exist_ok=True)
     # Checked in its temporary place: a file that fails the comparison never replaces `out`.
     with replacing(config.out, unique=True) as tmp:
         example = torch.from_numpy(observations[:1])
         if config.format == "onnx":
-            write_onnx(net, example, tmp)
-            run, runtime = onnx_runner(tmp)
+            write_onnx(policy, example, tmp, output)
+            run, runtime = onnx_runner(tmp, output)
         else:
-            write_torchscript(net, example, tmp)
+            write_torchscript(policy, example, tmp)
             run, runtime = torchscript_runner(tmp)
-        near_ties, max_diff = compare_actions(original, run(observations))
+        exported = run(observations)
+        if policy is net:
+            near_ties, max_diff = compare_actions(original, exported)
+        else:
+            near_ties, max_diff = compare_policy(original, exported, logits)
     return ExportReport(
         out=config.out,
         format=config.format,
         obs_shape=obs_shape,
         n_actions=arch.n_actions,
+        output=_describe_output(output, arch),
         observations=len(observations),
         near_ties=near_ties,
         max_abs_diff=max_diff,
@@ -382,10 +405,18 @@ def export_model(config: ExportConfig) -> ExportReport:
     )
 
 
+def _describe_output(name: str, arch: Architecture) -> str:
+    if name == OUTPUT_NAME:
+        return f"{name!r} [batch, {arch.n_actions}]; greedy action = argmax"
+    if arch.n_actions:
+        return f"{name!r} int64 [batch]: the greedy action"
+    return f"{name!r} float32 [batch, {arch.action_dim}]: the mean action, within the bounds"
+
+
 @click.command("export")
 @takes_config(ExportConfig)
 def export_command(config: ExportConfig) -> None:
-    """Write the Q-network for use outside fedrl, checked to act exactly like the original."""
+    """Write a model's greedy policy for use outside fedrl, checked to act like the original."""
     try:
         report = export_model(config)
     except ValueError as exc:
@@ -394,9 +425,9 @@ def export_command(config: ExportConfig) -> None:
     ties = f", {report.near_ties} near ties" if report.near_ties else ""
     click.echo(
         f"wrote {report.out} ({report.format}): input {INPUT_NAME!r} float32 [batch, {shape}] "
-        f"-> output {OUTPUT_NAME!r} [batch, {report.n_actions}]; greedy action = argmax"
+        f"-> output {report.output}"
     )
     click.echo(
         f"verified with {report.runtime}: same greedy actions on {report.observations} "
-        f"observations{ties}; max |ΔQ| {report.max_abs_diff:.2g}"
+        f"observations{ties}; largest difference {report.max_abs_diff:.2g}"
     )

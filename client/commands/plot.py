@@ -7,7 +7,8 @@ JSON object per line with a `kind`:
   `env_steps` (env steps done so far);
 - `episode`: `return`, `length` of one finished episode;
 - `eval`: `mean`, `std` of a greedy evaluation, `best` so far, `updates`;
-- `train`: `updates`, `loss`, `q_mean`, `replay_size` after an episode batch;
+- `train`: `updates`, `loss` after an episode batch, and DQN's `q_mean`,
+  `replay_size` or PPO's `policy_loss`, `value_loss`, `entropy`, `approx_kl`;
 - `sync`: `version`, `sequence`, `active_participants` at a push.
 
 Any record with a finite `loss` contributes to the loss curve, and env
@@ -334,7 +335,7 @@ def loss_figure(log: MetricsLog) -> Figure | None:
     if len(steps) == 0:
         return None
     order = np.argsort(steps, kind="stable")
-    fig, ax = _figure("TD loss", "env steps", "loss")
+    fig, ax = _figure("Training loss (DQN: TD; PPO: the clipped objective's)", "env steps", "loss")
     ax.plot(steps[order], loss[order], color="tab:red", linewidth=0.8)
     if (loss > 0).all():
         ax.set_yscale("log")
