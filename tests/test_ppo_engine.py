@@ -20,8 +20,8 @@ def rounds(engine: TrainingEngine, count: int) -> None:
         engine.poll(timeout_s=1.0)
 
 
-def test_one_actor_process_learns_exactly_what_serial_mode_learns() -> None:
-    # prepare: the same seed in both modes; one actor has the same seed stream
+def test_one_actor_runs_in_process_and_learns_exactly_what_serial_mode_learns() -> None:
+    # prepare: the same seed with workers 0 and 1
     weights = []
     steps = []
     for workers in (0, 1):
@@ -34,6 +34,7 @@ def test_one_actor_process_learns_exactly_what_serial_mode_learns() -> None:
             rounds(engine, 3)
             weights.append(engine.weights())
             steps.append((engine.counters.env_steps, engine.counters.updates))
+            assert engine.actor_pids() == [], "one PPO actor overlaps nothing: no process"
 
     # assert: 2 epochs x 2 minibatches per update, the same steps and weights
     assert steps[0] == steps[1]
@@ -42,8 +43,21 @@ def test_one_actor_process_learns_exactly_what_serial_mode_learns() -> None:
         np.testing.assert_array_equal(serial, parallel, err_msg=name)
 
 
+def test_two_actor_processes_each_give_a_rollout_to_every_update() -> None:
+    config = EngineConfig(env="CartPole-v1", workers=2, envs_per_worker=2, eval_interval=0)
+
+    with TrainingEngine(config, SMALL) as engine:
+        assert len(engine.actor_pids()) == 2
+        rounds(engine, 3)
+        counters = engine.counters
+
+    # 3 updates of 2 actors x 2 envs x 16 steps; each episode's end costs one
+    # autoreset step, except where it fell on the last step of the last rollout
+    assert 3 * 2 * 2 * 16 <= counters.env_steps + counters.episodes <= 3 * 2 * 2 * 16 + 4
+
+
 def test_box_actions_train_through_actor_processes() -> None:
-    config = EngineConfig(env="Pendulum-v1", workers=1, envs_per_worker=2, eval_interval=0)
+    config = EngineConfig(env="Pendulum-v1", workers=2, envs_per_worker=1, eval_interval=0)
     ppo = PPOConfig(device="cpu", rollout_steps=100, epochs=1, minibatch_size=100)
 
     with TrainingEngine(config, ppo) as engine:

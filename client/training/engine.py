@@ -319,7 +319,11 @@ class TrainingEngine:
         atexit.register(self.close)
         torch.set_num_threads(self.config.learner_threads)
         workers = self.config.workers
-        if workers == 0:
+        # PPO alternates collection and learning, each waiting for the other,
+        # so one actor process would overlap with nothing: it runs in this
+        # process instead, with the same seeds and so the same results, minus
+        # a spawn and a copy through shared memory.
+        if workers == 0 or (self.on_policy and workers == 1):
             spec = self._actor_spec(0, num_actors=1, generation=0)
             self._serial = ActorCore(spec) if isinstance(spec, ActorSpec) else PPOActorCore(spec)
             self._serial.load_weights(self.learner.weights(), 0)

@@ -135,16 +135,11 @@ def gae(
 
 @dataclass(frozen=True)
 class LossParts:
-    """The loss to minimise and what it is made of (all scalars; the parts detached)."""
+    """The loss to minimise and what it is made of (the parts detached)."""
 
     loss: torch.Tensor
     policy_loss: torch.Tensor
     value_loss: torch.Tensor
-    entropy: torch.Tensor
-    approx_kl: torch.Tensor
-    """E[(r − 1) − log r] (Schulman 2020, "Approximating KL divergence"): ≥ 0, unbiased."""
-    clip_fraction: torch.Tensor
-    """Share of samples whose ratio left [1 − ε, 1 + ε]."""
 
 
 def ppo_loss(  # noqa: PLR0917 (the contract keeps the paper's terms in order)
@@ -154,7 +149,7 @@ def ppo_loss(  # noqa: PLR0917 (the contract keeps the paper's terms in order)
     value: torch.Tensor,
     old_value: torch.Tensor,
     returns: torch.Tensor,
-    entropy: torch.Tensor,
+    entropy: torch.Tensor | None,
     *,
     clip_range: float,
     value_clip: float | None,
@@ -166,9 +161,9 @@ def ppo_loss(  # noqa: PLR0917 (the contract keeps the paper's terms in order)
     L^CLIP = E[min(r·Â, clip(r, 1 − ε, 1 + ε)·Â)],  r = π(a|s) / π_old(a|s)   (eq. 7)
     L^VF   = E[½ (V(s) − V_target)²], or with `value_clip` the larger of that
              and the loss of V_old + clip(V − V_old, −c, c) (PPO2's baselines code)
+    S      = E[entropy of π(·|s)]; None when c2 is 0, as it then adds nothing
     """
-    log_ratio = log_prob - old_log_prob
-    ratio = log_ratio.exp()
+    ratio = (log_prob - old_log_prob).exp()
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - clip_range, 1.0 + clip_range) * advantages
     policy_loss = -torch.minimum(unclipped, clipped).mean()
@@ -177,19 +172,26 @@ def ppo_loss(  # noqa: PLR0917 (the contract keeps the paper's terms in order)
         moved = old_value + (value - old_value).clamp(-value_clip, value_clip)
         value_error = torch.maximum(value_error, (moved - returns).square())
     value_loss = 0.5 * value_error.mean()
-    mean_entropy = entropy.mean()
-    loss = policy_loss + value_coef * value_loss - entropy_coef * mean_entropy
-    with torch.no_grad():
-        approx_kl = ((ratio - 1.0) - log_ratio).mean()
-        clip_fraction = ((ratio - 1.0).abs() > clip_range).float().mean()
-    return LossParts(
-        loss=loss,
-        policy_loss=policy_loss.detach(),
-        value_loss=value_loss.detach(),
-        entropy=mean_entropy.detach(),
-        approx_kl=approx_kl,
-        clip_fraction=clip_fraction,
-    )
+    loss = policy_loss + value_coef * value_loss
+    if entropy is not None:
+        loss = loss - entropy_coef * entropy.mean()
+    return LossParts(loss=loss, policy_loss=policy_loss.detach(), value_loss=value_loss.detach())
+
+
+@torch.no_grad()
+def ratio_diagnostics(
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, *, clip_range: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """How far the policy moved: approximate KL and the share of clipped ratios.
+
+    KL(π_old ‖ π) ≈ E[(r − 1) − log r] (Schulman 2020, "Approximating KL
+    divergence"): never negative, and unbiased.
+    """
+    log_ratio = log_prob - old_log_prob
+    ratio = log_ratio.exp()
+    approx_kl = ((ratio - 1.0) - log_ratio).mean()
+    clip_fraction = ((ratio - 1.0).abs() > clip_range).float().mean()
+    return approx_kl, clip_fraction
 
 
 class PPOLearner:
@@ -224,7 +226,9 @@ class PPOLearner:
         self.net: ActorCritic = net.to(self.device)
         # eps 1e-5 rather than Adam's 1e-8: the PPO paper's code; a tiny eps
         # lets near-zero second moments blow single steps up.
-        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=config.ppo_lr, eps=1e-5)
+        self.optimizer = torch.optim.Adam(
+            self.net.parameters(), lr=config.ppo_lr, eps=1e-5, fused=True
+        )
         self._rng = np.random.default_rng(config.seed)
         self.updates = 0
         """Gradient steps so far."""
@@ -274,29 +278,26 @@ class PPOLearner:
         for group in self.optimizer.param_groups:
             group["lr"] = rate
 
+        # The figures describe the last epoch: where the update ended up, and
+        # measuring them on every step would cost a sixth of the update.
         sums = torch.zeros(6, device=self.device)
-        steps = 0
         minibatches = max(1, -(-samples // c.minibatch_size))
-        for _ in range(c.epochs):
+        for epoch in range(c.epochs):
             order = self._rng.permutation(samples)
             for chunk in np.array_split(order, minibatches):
                 index = torch.from_numpy(chunk).to(self.device)
-                parts = self._step({name: column[index] for name, column in data.items()})
-                sums += torch.stack(
-                    [
-                        parts.loss.detach(),
-                        parts.policy_loss,
-                        parts.value_loss,
-                        parts.entropy,
-                        parts.approx_kl,
-                        parts.clip_fraction,
-                    ]
+                figures = self._step(
+                    {name: column[index] for name, column in data.items()},
+                    record=epoch == c.epochs - 1,
                 )
-                steps += 1
-        self.updates += steps
+                if figures is not None:
+                    sums += figures
+        self.updates += c.epochs * minibatches
         self.rounds += 1
         self.env_steps += samples
-        loss, policy_loss, value_loss, entropy, approx_kl, clip_fraction = (sums / steps).tolist()
+        loss, policy_loss, value_loss, entropy, approx_kl, clip_fraction = (
+            sums / minibatches
+        ).tolist()
         if not np.isfinite(loss):
             raise FloatingPointError(
                 f"the PPO update diverged (non-finite loss after {self.updates} steps); "
@@ -314,15 +315,22 @@ class PPOLearner:
             "updates": float(self.updates),
         }
 
-    def _step(self, batch: dict[str, torch.Tensor]) -> LossParts:
+    def _step(self, batch: dict[str, torch.Tensor], *, record: bool) -> torch.Tensor | None:
+        """One gradient step; with `record`, its loss, parts, entropy, KL and clip share."""
+        c = self.config
         advantages = batch["advantages"]
-        if self.config.normalize_advantages and len(advantages) > 1:
+        if c.normalize_advantages and len(advantages) > 1:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
         # bf16 matmuls, float32 losses: a log-ratio is a small difference of
         # log-probabilities that bf16's 8-bit mantissa would round away.
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._amp):
             params, value = self.net(batch["obs"])
-        log_prob, entropy = self.net.log_prob_entropy(params.float(), batch["action"])
+        params = params.float()
+        entropy = None
+        if c.entropy_coef > 0:
+            log_prob, entropy = self.net.log_prob_entropy(params, batch["action"])
+        else:
+            log_prob = self.net.log_prob(params, batch["action"])
         parts = ppo_loss(
             log_prob,
             batch["old_log_prob"],
@@ -331,17 +339,34 @@ class PPOLearner:
             batch["old_value"],
             batch["returns"],
             entropy,
-            clip_range=self.config.clip_range,
-            value_clip=self.config.value_clip,
-            value_coef=self.config.value_coef,
-            entropy_coef=self.config.entropy_coef,
+            clip_range=c.clip_range,
+            value_clip=c.value_clip,
+            value_coef=c.value_coef,
+            entropy_coef=c.entropy_coef,
         )
         self.optimizer.zero_grad(set_to_none=True)
         torch.autograd.backward(parts.loss)
-        if self.config.max_grad_norm is not None:
-            nn.utils.clip_grad_norm_(self.net.parameters(), self.config.max_grad_norm)
+        if c.max_grad_norm is not None:
+            nn.utils.clip_grad_norm_(self.net.parameters(), c.max_grad_norm, foreach=True)
         self.optimizer.step()
-        return parts
+        if not record:
+            return None
+        with torch.no_grad():
+            if entropy is None:
+                _, entropy = self.net.log_prob_entropy(params, batch["action"])
+            approx_kl, clip_fraction = ratio_diagnostics(
+                log_prob, batch["old_log_prob"], clip_range=c.clip_range
+            )
+            return torch.stack(
+                [
+                    parts.loss.detach(),
+                    parts.policy_loss,
+                    parts.value_loss,
+                    entropy.mean(),
+                    approx_kl,
+                    clip_fraction,
+                ]
+            )
 
     # -- weights and state --------------------------------------------------
 
