@@ -24,6 +24,7 @@ from fedrl.client.commands.system_check import (
     check_server,
     probe_workers,
     recommend,
+    recommend_ppo,
 )
 from fedrl.client.federation.channel import ConnectionSecurity
 from fedrl.client.training.engine import available_cores
@@ -244,3 +245,41 @@ def test_contradicting_security_options_are_refused(tmp_path: Path) -> None:
         CheckConfig(tls=ConnectionSecurity(ca_cert=tmp_path / "ca.pem", insecure=True))
     with pytest.raises(ValueError, match="either --bundle or --ca-cert"):
         CheckConfig(tls=ConnectionSecurity(ca_cert=tmp_path / "ca.pem", bundle=tmp_path / "me.pem"))
+
+
+def ppo_updates(device: str, *rates: tuple[int, float]) -> list[UpdateProbe]:
+    return [UpdateProbe(device, size, rate) for size, rate in rates]
+
+
+def test_ppo_keeps_the_default_minibatch_where_larger_ones_take_longer() -> None:
+    # prepare: a CPU, where a 4x larger minibatch takes twice as long per step
+    cpu = ppo_updates("cpu", (256, 600.0), (1024, 300.0))
+
+    # act
+    rec = recommend_ppo(2, widths((16, 1000.0)), {}, cpu)
+
+    # assert: one actor of 16 envs; 2 minibatches of 256 per update = 32 steps each
+    assert (rec.workers, rec.envs_per_worker, rec.batch_size, rec.rollout_steps) == (1, 16, 256, 32)
+    assert "--algo ppo" in rec.command() and "--rollout-steps 32" in rec.command()
+
+
+def test_ppo_takes_larger_minibatches_where_the_device_runs_them_as_fast() -> None:
+    # prepare: a GPU whose gradient step costs the same up to 2048 samples
+    cpu = ppo_updates("cpu", (256, 600.0), (2048, 100.0))
+    cuda = ppo_updates("cuda", (256, 900.0), (1024, 890.0), (2048, 860.0))
+
+    # act
+    rec = recommend_ppo(9, widths((64, 5000.0)), {4: 20_000.0, 8: 21_000.0}, cpu + cuda)
+
+    # assert: 4 actors of 64 envs; 2 minibatches of 2048 per update = 16 steps each
+    assert (rec.device, rec.batch_size, rec.workers, rec.rollout_steps) == ("cuda", 2048, 4, 16)
+
+
+@pytest.mark.timeout(180)
+def test_quick_ppo_check_on_box_actions_recommends_a_rollout_and_minibatch() -> None:
+    result = CliRunner().invoke(check_command, ["--quick", "--algo", "ppo", "--env", "Pendulum-v1"])
+
+    assert result.exit_code == 0, result.output
+    recommendation = result.output.split("Recommendation\n", 1)[1]
+    assert "fedrl-client --algo ppo" in recommendation
+    assert "--rollout-steps" in recommendation and "--minibatch-size" in recommendation

@@ -15,9 +15,17 @@ How the numbers become settings:
 - actors: the smallest count within 90 % of the best measured aggregate rate,
   at most cores − 1 (the learner keeps one core). One core: serial mode (0).
 - device: CUDA when present and faster per update than the CPU.
-- batch size: the largest measured batch whose update rate still keeps up
-  with the actors at the engine's replay ratio; a larger batch averages more
-  samples per step for the same number of steps.
+- batch size (DQN): the largest measured batch whose update rate still keeps
+  up with the actors at the engine's replay ratio; a larger batch averages
+  more samples per step for the same number of steps.
+- minibatch size (PPO, `--algo ppo`): the largest measured minibatch whose
+  gradient steps run within 10 % as fast as the default's (256): where the
+  device computes a larger minibatch in about the same time (a GPU), it
+  averages more samples per step at no cost; where it does not (a CPU),
+  fewer, larger steps learn less per env step.
+- rollout length (PPO): steps per env so that one update learns from two
+  minibatches' worth of samples across all actors' envs, as the defaults do
+  (16 envs × 32 steps = 2 × 256).
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 import grpc
@@ -48,9 +56,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from fedrl.client.federation.channel import ConnectionSecurity, is_loopback_target
 from fedrl.client.training.engine import EngineConfig, available_cores
 from fedrl.client.training.learner import Learner, LearnerConfig
+from fedrl.client.training.networks import NetworkConfig
+from fedrl.client.training.policy_network import ActorCritic, build_actor_critic
+from fedrl.client.training.ppo_learner import PPOConfig, PPOLearner
 from fedrl.client.training.q_network import build_q_network
+from fedrl.client.training.rollout import Rollout
 from fedrl.client.training.transitions import TransitionBatch
-from fedrl.client.training.vector_env import env_shape, make_vector_env
+from fedrl.client.training.vector_env import EnvShape, env_shape, make_vector_env
 from fedrl.common.config_cli import doc, section, takes_config
 from fedrl.common.tls import ParticipantBundle
 
@@ -58,6 +70,13 @@ ENV_WIDTHS = (1, 4, 16, 64)
 BATCH_SIZES = (32, 64, 128, 256)
 QUICK_ENV_WIDTHS = (4, 32)
 QUICK_BATCH_SIZES = (32, 128)
+MINIBATCH_SIZES = (256, 512, 1024, 2048)
+QUICK_MINIBATCH_SIZES = (256, 1024)
+MINIBATCHES_PER_UPDATE = 2
+"""Samples per PPO update, in minibatches: what the defaults give (16 envs × 32 steps, 256)."""
+MIN_ROLLOUT_STEPS = 8
+"""Fewer steps per env and rollout leave GAE almost no steps to look ahead over."""
+Algorithm = Literal["dqn", "ppo"]
 KNEE = 0.9
 """Share of the best measured rate that counts as "as good": below 10 % the
 difference is inside the noise of a busy machine, and the cheaper setting wins."""
@@ -75,8 +94,18 @@ class CheckConfig:
         default="CartPole-v1",
         metadata=doc("Gymnasium env id to probe with (the one you will train)."),
     )
+    algo: Algorithm = field(
+        default="dqn",
+        metadata=doc(
+            "Recommend for this algorithm: DQN's batch size, or PPO's rollout length and "
+            "minibatch size."
+        ),
+    )
     hidden: tuple[int, ...] = field(
-        default=(256, 256), metadata=doc("Hidden layer widths of the Q-network to probe with.")
+        default=(256, 256),
+        metadata=doc(
+            "Hidden layer widths of the network to probe with (for --algo ppo, 64,64 unless given)."
+        ),
     )
     server: str = field(
         default="",
@@ -96,6 +125,8 @@ class CheckConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.algo not in ("dqn", "ppo"):
+            raise ValueError(f"algo must be dqn or ppo, got {self.algo!r}")
         if any(h <= 0 for h in self.hidden):
             raise ValueError(f"hidden layer sizes must be positive, got {self.hidden}")
 
@@ -164,14 +195,20 @@ class Recommendation:
     workers: int
     envs_per_worker: int
     batch_size: int
+    """DQN: samples per update; PPO: the minibatch size."""
     device: str
     reasons: tuple[str, ...]
+    rollout_steps: int | None = None
+    """PPO only: steps per env and rollout."""
 
     def command(self) -> str:
-        return (
-            f"fedrl-client --workers {self.workers} --envs-per-worker {self.envs_per_worker} "
-            f"--batch-size {self.batch_size} --device {self.device}"
-        )
+        collection = f"--workers {self.workers} --envs-per-worker {self.envs_per_worker}"
+        if self.rollout_steps is not None:
+            return (
+                f"fedrl-client --algo ppo {collection} --rollout-steps {self.rollout_steps} "
+                f"--minibatch-size {self.batch_size} --device {self.device}"
+            )
+        return f"fedrl-client {collection} --batch-size {self.batch_size} --device {self.device}"
 
 
 @dataclass(frozen=True)
@@ -350,15 +387,38 @@ def _timed(call: Callable[[], int], seconds: float) -> float:
     return done / elapsed
 
 
+def _actor_network(algo: Algorithm, shape: EnvShape, hidden: tuple[int, ...]) -> torch.nn.Module:
+    """The network an actor of `algo` runs: the Q-network or the actor-critic."""
+    if algo == "ppo":
+        return build_actor_critic(
+            shape.obs_shape, shape, hidden=hidden, network=NetworkConfig()
+        ).eval()
+    return build_q_network(shape.obs_shape, shape.n_actions, hidden=hidden, dueling=True).eval()
+
+
+def _act(net: torch.nn.Module, obs: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        if isinstance(net, ActorCritic):
+            params, _ = net(obs)  # the value comes with every action: PPO records it
+            return net.sample(params)
+        action: torch.Tensor = net(obs).argmax(dim=1)
+        return action
+
+
 def probe_widths(
-    env_id: str, hidden: tuple[int, ...], widths: Sequence[int], seconds: float
+    env_id: str,
+    hidden: tuple[int, ...],
+    widths: Sequence[int],
+    seconds: float,
+    *,
+    algo: Algorithm = "dqn",
 ) -> list[WidthProbe]:
     """Env stepping and actor inference at each batch width, in this process, one thread."""
     out = []
     for width in widths:
         env = make_vector_env(env_id, width)
         try:
-            shape = env_shape(env)
+            shape = env_shape(env, continuous=algo == "ppo")
             env.reset(seed=0)
             env.action_space.seed(0)
             actions = [env.action_space.sample() for _ in range(8)]
@@ -371,13 +431,12 @@ def probe_widths(
             env_rate = _timed(step, seconds)
         finally:
             env.close()
-        net = build_q_network(shape.obs_shape, shape.n_actions, hidden=hidden, dueling=True).eval()
+        net = _actor_network(algo, shape, hidden)
         obs = torch.zeros((width, *shape.obs_shape))
 
         def infer(net: torch.nn.Module = net, obs: torch.Tensor = obs) -> int:
-            with torch.inference_mode():
-                for _ in range(8):
-                    net(obs).argmax(dim=1)
+            for _ in range(8):
+                _act(net, obs)
             return 8
 
         calls_per_s = _timed(infer, seconds)
@@ -387,20 +446,21 @@ def probe_widths(
     return out
 
 
-def _actor_worker(env_id: str, width: int, hidden: tuple[int, ...], conn: Connection) -> None:
+def _actor_worker(
+    env_id: str, width: int, hidden: tuple[int, ...], conn: Connection, algo: Algorithm = "dqn"
+) -> None:
     """One parallel actor for the probe: steps and infers for as long as it is told to."""
     torch.set_num_threads(1)  # as the engine's actors do
     env = make_vector_env(env_id, width)
-    shape = env_shape(env)
-    net = build_q_network(shape.obs_shape, shape.n_actions, hidden=hidden, dueling=True).eval()
+    shape = env_shape(env, continuous=algo == "ppo")
+    net = _actor_network(algo, shape, hidden)
     obs, _ = env.reset(seed=os.getpid())
     conn.send("ready")
     try:
         while (seconds := conn.recv()) is not None:
             steps, end = 0, time.perf_counter() + float(seconds)
             while time.perf_counter() < end:
-                with torch.inference_mode():
-                    action = net(torch.from_numpy(np.asarray(obs, np.float32))).argmax(dim=1)
+                action = _act(net, torch.from_numpy(np.asarray(obs, np.float32)))
                 obs, *_ = env.step(action.numpy())
                 steps += width
             conn.send(steps / float(seconds))
@@ -410,7 +470,13 @@ def _actor_worker(env_id: str, width: int, hidden: tuple[int, ...], conn: Connec
 
 
 def probe_workers(
-    env_id: str, hidden: tuple[int, ...], width: int, counts: Sequence[int], seconds: float
+    env_id: str,
+    hidden: tuple[int, ...],
+    width: int,
+    counts: Sequence[int],
+    seconds: float,
+    *,
+    algo: Algorithm = "dqn",
 ) -> dict[int, float]:
     """Aggregate env steps/s with each count of actor processes running at once.
 
@@ -426,7 +492,7 @@ def probe_workers(
         for _ in range(max(counts)):
             parent, child = ctx.Pipe()
             process = ctx.Process(
-                target=_actor_worker, args=(env_id, width, hidden, child), daemon=True
+                target=_actor_worker, args=(env_id, width, hidden, child, algo), daemon=True
             )
             process.start()
             child.close()
@@ -498,6 +564,51 @@ def probe_updates(
             return 8
 
         out.append(UpdateProbe(device, batch_size, _timed(train, seconds)))
+    return out
+
+
+def probe_ppo_updates(
+    *,
+    shape: EnvShape,
+    hidden: tuple[int, ...],
+    device: str,
+    minibatch_sizes: Sequence[int],
+    seconds: float,
+) -> list[UpdateProbe]:
+    """PPO's own gradient steps (one epoch over a synthetic rollout) at each minibatch size."""
+    rng = np.random.default_rng(0)
+    out = []
+    for size in minibatch_sizes:
+        envs, steps = 16, max(1, 4 * size // 16)
+        learner = PPOLearner(
+            obs_shape=shape.obs_shape,
+            shape=shape,
+            config=PPOConfig(
+                rollout_steps=steps, epochs=1, minibatch_size=size, ppo_hidden=hidden, device=device
+            ),
+            network=NetworkConfig(),
+        )
+        action = (
+            rng.integers(shape.n_actions, size=(steps, envs))
+            if shape.discrete
+            else rng.standard_normal((steps, envs, shape.action_dim)).astype(np.float32)
+        )
+        rollout = Rollout(
+            obs=rng.standard_normal((steps, envs, *shape.obs_shape)).astype(np.float32),
+            action=action,
+            log_prob=np.full((steps, envs), -0.7, dtype=np.float32),
+            value=rng.standard_normal((steps + 1, envs)).astype(np.float32),
+            reward=rng.standard_normal((steps, envs)).astype(np.float32),
+            terminated=np.zeros((steps, envs), dtype=np.bool_),
+            truncated=np.zeros((steps, envs), dtype=np.bool_),
+            valid=np.ones((steps, envs), dtype=np.bool_),
+        )
+
+        def train(learner: PPOLearner = learner, rollout: Rollout = rollout) -> int:
+            learner.train(rollout)  # returns statistics, which waits for the device
+            return -(-rollout.steps * rollout.envs // learner.config.minibatch_size)
+
+        out.append(UpdateProbe(device, size, _timed(train, seconds)))
     return out
 
 
@@ -589,6 +700,72 @@ def recommend(
     return Recommendation(count, width, pick.batch_size, device, tuple(reasons))
 
 
+def recommend_ppo(
+    cores: int,
+    widths: Sequence[WidthProbe],
+    workers: dict[int, float],
+    updates: Sequence[UpdateProbe],
+) -> Recommendation:
+    """PPO's settings from the measurements: collection as for DQN, then minibatch and rollout."""
+    collection = recommend(cores, widths, workers, updates, replay_ratio=1.0)
+    by_device: dict[str, dict[int, float]] = {}
+    for probe in updates:
+        by_device.setdefault(probe.device, {})[probe.batch_size] = probe.updates_per_s
+    base = PPOConfig().minibatch_size
+
+    def rate_at_base(device: str) -> float:
+        return by_device[device].get(base, max(by_device[device].values()))
+
+    device = max(by_device, key=rate_at_base)
+    rates = by_device[device]
+    reference = rate_at_base(device)
+    minibatch = max(
+        (size for size, rate in rates.items() if rate >= KNEE * reference and size >= base),
+        default=base,
+    )
+    measured = ", ".join(f"{k}: {v:,.0f}" for k, v in sorted(rates.items()))
+    minibatch_reason = (
+        f"minibatch size {minibatch}: {rates.get(minibatch, reference):,.0f} gradient steps/s "
+        f"on {device}, within {1 - KNEE:.0%} of the {reference:,.0f}/s at {base} "
+        f"(measured {measured})"
+        if minibatch != base
+        else f"minibatch size {base}: larger ones take longer per gradient step on {device} "
+        f"(gradient steps/s measured {measured})"
+    )
+    envs = max(1, collection.workers) * collection.envs_per_worker
+    needed = -(-MINIBATCHES_PER_UPDATE * minibatch // envs)
+    rollout = max(MIN_ROLLOUT_STEPS, needed)
+    rollout_reason = (
+        f"rollout steps {rollout}: {envs} envs × {rollout} steps = {envs * rollout:,} samples per "
+        f"update, {MINIBATCHES_PER_UPDATE} minibatches of {minibatch}"
+        + (
+            f" or more (at least {MIN_ROLLOUT_STEPS} steps: GAE needs a horizon)"
+            if needed < MIN_ROLLOUT_STEPS
+            else ""
+        )
+    )
+    device_reason = (
+        f"device {device}: the faster gradient step of those measured"
+        if len(by_device) > 1
+        else f"device {device}: no CUDA device here"
+    )
+    collect_reasons = collection.reasons[:2]
+    if collection.workers == 1:
+        collect_reasons = (
+            collect_reasons[0],
+            "workers 1: one actor, which PPO runs in the learner's process (collection and "
+            "learning take turns, so a process of its own would overlap with nothing)",
+        )
+    return Recommendation(
+        collection.workers,
+        collection.envs_per_worker,
+        minibatch,
+        device,
+        (*collect_reasons, device_reason, minibatch_reason, rollout_reason),
+        rollout_steps=rollout,
+    )
+
+
 def run_check(config: CheckConfig, *, echo: Callable[[str], None] = lambda _: None) -> Report:
     """Facts, the server check and the probe; `echo` hears what is being measured."""
     start = time.perf_counter()
@@ -602,9 +779,13 @@ def run_check(config: CheckConfig, *, echo: Callable[[str], None] = lambda _: No
             insecure=config.tls.insecure,
             bundle=config.tls.read_bundle(),
         )
+    ppo = config.algo == "ppo"
+    hidden = (
+        PPOConfig().ppo_hidden if ppo and config.hidden == CheckConfig.hidden else config.hidden
+    )
     probe = make_vector_env(config.env, 1)
     try:
-        shape = env_shape(probe)
+        shape = env_shape(probe, continuous=ppo)
     finally:
         probe.close()
     seconds = config.probe_s
@@ -614,25 +795,40 @@ def run_check(config: CheckConfig, *, echo: Callable[[str], None] = lambda _: No
         echo("probing env stepping and inference ...")
         widths = probe_widths(
             config.env,
-            config.hidden,
+            hidden,
             QUICK_ENV_WIDTHS if config.quick else ENV_WIDTHS,
             seconds,
+            algo=config.algo,
         )
         echo("probing learner updates ...")
         devices = ["cpu"] + (["cuda"] if machine.gpus else [])
-        sizes = QUICK_BATCH_SIZES if config.quick else BATCH_SIZES
-        updates = [
-            probe
-            for device in devices
-            for probe in probe_updates(
-                obs_shape=shape.obs_shape,
-                n_actions=shape.n_actions,
-                hidden=config.hidden,
-                device=device,
-                batch_sizes=sizes,
-                seconds=seconds,
-            )
-        ]
+        if ppo:
+            sizes = QUICK_MINIBATCH_SIZES if config.quick else MINIBATCH_SIZES
+            updates = [
+                probe
+                for device in devices
+                for probe in probe_ppo_updates(
+                    shape=shape,
+                    hidden=hidden,
+                    device=device,
+                    minibatch_sizes=sizes,
+                    seconds=seconds,
+                )
+            ]
+        else:
+            sizes = QUICK_BATCH_SIZES if config.quick else BATCH_SIZES
+            updates = [
+                probe
+                for device in devices
+                for probe in probe_updates(
+                    obs_shape=shape.obs_shape,
+                    n_actions=shape.n_actions,
+                    hidden=hidden,
+                    device=device,
+                    batch_sizes=sizes,
+                    seconds=seconds,
+                )
+            ]
     finally:
         torch.set_num_threads(threads)
     cores = machine.cores_usable
@@ -643,11 +839,15 @@ def run_check(config: CheckConfig, *, echo: Callable[[str], None] = lambda _: No
     if counts:
         echo(f"probing {', '.join(map(str, counts))} parallel actor process(es) ...")
         try:
-            workers = probe_workers(config.env, config.hidden, width, counts, 3 * seconds)
+            workers = probe_workers(
+                config.env, hidden, width, counts, 3 * seconds, algo=config.algo
+            )
         except ProbeError as exc:
             problems.append(f"parallel actor probe: {exc}; workers recommended without it")
-    recommendation = recommend(
-        cores, widths, workers, updates, replay_ratio=EngineConfig().replay_ratio
+    recommendation = (
+        recommend_ppo(cores, widths, workers, updates)
+        if ppo
+        else recommend(cores, widths, workers, updates, replay_ratio=EngineConfig().replay_ratio)
     )
     return Report(
         machine=machine,
