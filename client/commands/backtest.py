@@ -257,7 +257,7 @@ def load_policy(
             f"{model_path}: expected a dict of tensors, or one under "
             f"{' or '.join(repr(k) for k in _WEIGHT_KEYS)}"
         )
-    tensors = [(name, t.numpy()) for name, t in weights.items()]
+    tensors = [(name, t.detach().numpy()) for name, t in weights.items()]
     try:
         arch = infer_architecture(tensors)
         network = build_from_tensors(

@@ -60,10 +60,10 @@ class Architecture:
         return self.network.window
 
     def input_shape(self, obs_shape: tuple[int, ...] | None = None) -> tuple[int, ...]:
-        """The network's input per sample: the env's observation, or its window."""
-        if self.window:
-            return windowed_shape((self.obs_dim,), self.window)
-        return obs_shape if obs_shape is not None else (self.obs_dim,)
+        """The network's input per sample for the env's `obs_shape`: the observation, or its
+        window; without an env, what the tensors say."""
+        observation = obs_shape if obs_shape is not None else (self.obs_dim,)
+        return windowed_shape(observation, self.window) if self.window else observation
 
     def fits(self, shape: EnvShape) -> str | None:
         """Why this network cannot act in an env of `shape`, or None if it can."""
