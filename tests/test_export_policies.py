@@ -145,3 +145,20 @@ def test_a_transformer_ppo_policy_backtests_on_windows(tmp_path: Path) -> None:
     assert len(result.policy.positions) == len(result.buy_and_hold.positions) > 100
     with pytest.raises(ValueError, match=r"reads 14 features per observation, .* have 61"):
         load_policy(tmp_path / "model.pt", (61,), flat.n_actions)
+
+
+def test_a_ppo_learner_state_with_a_shared_transformer_torso_loads_for_backtests(
+    tmp_path: Path,
+) -> None:
+    net = actor_critic("CartPole-v1", TRANSFORMER)
+    assert net.shared
+    torch.save({"net": net.state_dict(), "updates": 1}, tmp_path / "learner.pt")
+    windows = np.random.default_rng(2).standard_normal((6, 4, 5)).astype(np.float32)
+    windows[..., -1] = 1.0
+
+    policy = load_policy(tmp_path / "learner.pt", (4,), 2)
+
+    assert isinstance(policy, WindowedPolicy)
+    with torch.no_grad():
+        expected = net.greedy(torch.from_numpy(windows)).numpy()
+    np.testing.assert_array_equal(policy.act(windows), expected)

@@ -168,3 +168,12 @@ def test_a_ppo_update_under_bf16_autocast_on_cpu_stays_finite_and_learns() -> No
     assert probe.dtype == torch.bfloat16
     assert all(np.isfinite(v) for v in metrics.values() if isinstance(v, float))
     assert any(not np.allclose(a, w) for a, (_, w) in zip(before, learner.weights(), strict=True))
+
+
+def test_the_output_is_the_last_positions_features_of_the_full_encoding() -> None:
+    net = transformer()
+    window = full_windows(5)
+    window[:2, :3] = 0.0
+
+    with torch.no_grad():
+        torch.testing.assert_close(net(window.flatten(1)), net.encode(window)[:, -1])

@@ -199,8 +199,11 @@ def build_from_tensors(
             dueling=arch.dueling,
             network=arch.network,
         )
+    # A state dict names a torso shared by two heads under both (value.torso.* as well);
+    # the weights are the parameters, each once.
+    aliases = set(net.state_dict()) - {name for name, _ in net.named_parameters()}
     try:
-        load_named_arrays(net, tensors)
+        load_named_arrays(net, [(name, array) for name, array in tensors if name not in aliases])
     except ValueError as exc:
         raise ArchitectureError(f"the weights do not fit the network they describe: {exc}") from exc
     return net.eval()

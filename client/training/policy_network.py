@@ -1,8 +1,11 @@
 """The actor-critic network of PPO and the distributions of its policy.
 
-Two heads on two torsos (fedrl.client.training.networks): the policy and the
-value function share no parameters, so the value loss never pulls on the
-policy's features and no loss weight has to balance them.
+A policy head and a value head on torsos (fedrl.client.training.networks).
+The MLPs stay apart, one per head: the value loss then never pulls on the
+policy's features, and no loss weight has to balance the two (what learned
+CartPole fastest). A heavy torso, the transformer (or a convolutional one),
+is shared by both heads: one forward pass per step instead of two, which
+halves what collection and learning pay for it.
 
 Discrete actions: a categorical distribution over softmax(logits). Box
 actions: a diagonal Gaussian whose mean the policy head gives and whose log
@@ -77,16 +80,19 @@ class ActorCritic(nn.Module):
     def __init__(
         self,
         policy_torso: nn.Module,
-        value_torso: nn.Module,
+        value_torso: nn.Module | None,
         width: int,
         shape: EnvShape,
         *,
         log_std_init: float,
     ) -> None:
+        """`value_torso` None: the value head shares the policy's torso (its tensors are named
+        under `policy.torso` only)."""
         super().__init__()
         self.discrete = shape.discrete
+        self.shared = value_torso is None
         self.policy = _Head(policy_torso, width, shape.n_actions or shape.action_dim, gain=0.01)
-        self.value = _Head(value_torso, width, 1, gain=1.0)
+        self.value = _Head(policy_torso if value_torso is None else value_torso, width, 1, gain=1.0)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((shape.action_dim,), float(log_std_init)))
             # Bounds for the greedy action; buffers, so they move with .to() and
@@ -99,6 +105,9 @@ class ActorCritic(nn.Module):
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [B, n] or mean [B, d], V(s) [B])."""
         flat = obs.flatten(1)
+        if self.shared:
+            features = self.policy.torso(flat)
+            return self.policy.head(features), self.value.head(features).squeeze(-1)
         return self.policy(flat), self.value(flat).squeeze(-1)
 
     def log_prob(self, params: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
@@ -152,9 +161,12 @@ def build_actor_critic(
     network: NetworkConfig,
     log_std_init: float = 0.0,
 ) -> ActorCritic:
-    """A fresh actor-critic for observations of `obs_shape` and the actions of `shape`."""
-    torsos = []
-    for _ in range(2):
+    """A fresh actor-critic for observations of `obs_shape` and the actions of `shape`.
+
+    MLP torsos are one per head; any other torso is shared by both heads.
+    """
+    torsos: list[nn.Module] = []
+    for _ in range(2 if network.policy == "mlp" else 1):
         torso, width = build_torso(obs_shape, hidden=hidden, activation="tanh", network=network)
         if network.policy == "mlp":
             # Orthogonal weights with gain √2 and zero biases: the initialisation
@@ -164,7 +176,8 @@ def build_actor_critic(
                     nn.init.orthogonal_(layer.weight, math.sqrt(2))
                     nn.init.zeros_(layer.bias)
         torsos.append(torso)
-    return ActorCritic(torsos[0], torsos[1], width, shape, log_std_init=log_std_init)
+    value_torso = torsos[1] if len(torsos) == 2 else None
+    return ActorCritic(torsos[0], value_torso, width, shape, log_std_init=log_std_init)
 
 
 def ppo_architecture_name(hidden: tuple[int, ...], network: NetworkConfig) -> str:

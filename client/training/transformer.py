@@ -3,7 +3,9 @@
 Input: a window [B, k, features + 1] (fedrl.client.training.obs_window), oldest
 first, the current observation last; the extra last feature is 1 where the
 step belongs to the episode and 0 on the padding before its first step.
-Output: the features of the current (last) position.
+Output: the features of the current (last) position. Only that position's
+output is ever used, so the last block computes its query and MLP for the
+last position alone (`encode` computes every position, for inspection).
 
 Pre-norm blocks (Xiong et al. 2020: stable without learning-rate warm-up),
 learned positional embeddings, and one attention mask that says both
@@ -61,7 +63,15 @@ class CausalTransformer(nn.Module):
 
     def forward(self, flat: torch.Tensor) -> torch.Tensor:
         window = flat.reshape(-1, self.context, self.obs_dim + 1)
-        return self.encode(window)[:, -1]
+        obs, valid = window[..., :-1], window[..., -1] > 0.5
+        eye = torch.eye(self.context, dtype=torch.bool, device=window.device)
+        allowed = (self.causal & (valid[:, None, :] | eye))[:, None]
+        x = self.embed(obs) + self.position
+        *lower, last = self.blocks
+        for block in lower:
+            x = block(x, allowed)
+        out: torch.Tensor = self.norm(last(x, allowed, last_only=True)[:, -1])
+        return out
 
 
 class _Block(nn.Module):
@@ -78,15 +88,20 @@ class _Block(nn.Module):
             nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
         )
 
-    def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, allowed: torch.Tensor, *, last_only: bool = False
+    ) -> torch.Tensor:
+        """[B, k, width] to [B, k, width], or to [B, 1, width] for the last position alone."""
         batch, steps, width = x.shape
         q, k, v = (
-            part.unflatten(-1, (self.heads, HEAD_WIDTH)).transpose(1, 2)  # [B, heads, k, 16]
+            part.reshape(batch, steps, self.heads, HEAD_WIDTH).transpose(1, 2)  # [B, heads, k, 16]
             for part in self.qkv(self.attention_norm(x)).chunk(3, dim=-1)
         )
+        if last_only:
+            x, q, allowed = x[:, -1:], q[:, :, -1:], allowed[:, :, -1:]
         scores = q @ k.transpose(-2, -1) / math.sqrt(HEAD_WIDTH)
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-        attended = (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(batch, steps, width)
+        attended = (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(batch, -1, width)
         x = x + self.out(attended)
         out: torch.Tensor = x + self.mlp(self.mlp_norm(x))
         return out
