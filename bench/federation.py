@@ -110,6 +110,9 @@ from fedrl.client.federation.sync import SyncLoop, model_spec
 from fedrl.client.training.engine import EngineConfig, PollResult, TrainingEngine, available_cores
 from fedrl.client.training.evaluation import Evaluator
 from fedrl.client.training.learner import TARGET_AT_ADOPTION, LearnerConfig, TargetAtAdoption
+from fedrl.client.training.networks import NetworkConfig
+from fedrl.client.training.policy_network import ActorCritic, ppo_architecture_name
+from fedrl.client.training.ppo_learner import PPOConfig
 from fedrl.client.training.q_network import architecture_name, load_named_arrays
 from fedrl.client.training.transitions import TransitionBatch
 from fedrl.common.spec import spec_hash
@@ -118,6 +121,7 @@ from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.server.launcher import ServerProcess
 
 Mode = Literal["avg", "exchange", "both"]
+Algorithm = Literal["dqn", "ppo"]
 MODES: tuple[Mode, ...] = ("avg", "exchange", "both")
 MODE_NAMES = {
     "avg": "weight averaging",
@@ -180,10 +184,14 @@ class Configuration:
     """Local episodes between syncs."""
     buffer_size: int
     """Updates buffered into one global version (K)."""
+    algo: Algorithm = "dqn"
+    """The client's algorithm: PPO pushes after every rollout update (sync_interval unused)
+    and shares weights only (experience is off-policy data)."""
 
     @property
     def key(self) -> str:
-        return f"N={self.n} {self.mode} sync={self.sync_interval} K={_k(self.buffer_size)}"
+        sync = "per update" if self.algo == "ppo" else self.sync_interval
+        return f"{self.algo} N={self.n} {self.mode} sync={sync} K={_k(self.buffer_size)}"
 
     @property
     def baseline(self) -> Configuration:
@@ -209,6 +217,7 @@ class ParticipantTask:
     mode: Mode
     sync_interval: int
     settings: Settings
+    algo: Algorithm = "dqn"
     save_local_every_mark: bool = False
     """Write the local weights at every mark (experience-only runs: no global model)."""
 
@@ -312,8 +321,13 @@ class ExchangeDriver:
         self._thread.join(30)
 
 
-def engine_configs(settings: Settings, seed: int) -> tuple[EngineConfig, LearnerConfig]:
-    """Serial mode, no local evaluation: the bench evaluates the global model itself."""
+def engine_configs(
+    settings: Settings, seed: int, algo: Algorithm = "dqn"
+) -> tuple[EngineConfig, LearnerConfig | PPOConfig]:
+    """Serial mode, no local evaluation: the bench evaluates the global model itself.
+
+    PPO runs with the client's defaults (its hidden widths are its own).
+    """
     engine = EngineConfig(
         env=settings.env,
         workers=0,
@@ -321,7 +335,16 @@ def engine_configs(settings: Settings, seed: int) -> tuple[EngineConfig, Learner
         eval_interval=0,
         seed=seed,
     )
+    if algo == "ppo":
+        return engine, PPOConfig(device="cpu")
     return engine, LearnerConfig(hidden=settings.hidden, device="cpu")
+
+
+def architecture(learner: LearnerConfig | PPOConfig) -> str:
+    """The model spec's algorithm name, as the client gives it."""
+    if isinstance(learner, PPOConfig):
+        return ppo_architecture_name(learner.ppo_hidden, NetworkConfig())
+    return architecture_name(learner.hidden, learner.dueling)
 
 
 def participant_seed(seed: int, index: int) -> int:
@@ -341,16 +364,14 @@ def run_participant(task: ParticipantTask) -> None:
     settings = task.settings
     state_dir = Path(task.state_dir)
     engine_config, learner_config = engine_configs(
-        settings, participant_seed(task.seed, task.index)
+        settings, participant_seed(task.seed, task.index), task.algo
     )
     engine = TrainingEngine(engine_config, learner_config)
     weights = _pull_initial_model(task, engine)
     # Every participant starts from the session's version 0, so no first push
     # carries progress made on another initialisation.
     engine.set_weights(weights)
-    spec = model_spec(
-        settings.env, weights, architecture_name(learner_config.hidden, learner_config.dueling)
-    )
+    spec = model_spec(settings.env, weights, architecture(learner_config))
 
     loop: SyncLoop | None = None
     if task.mode in ("avg", "both"):
@@ -445,11 +466,7 @@ def run_participant(task: ParticipantTask) -> None:
 
 
 def _pull_initial_model(task: ParticipantTask, engine: TrainingEngine) -> list[tuple[str, Any]]:
-    spec = model_spec(
-        task.settings.env,
-        engine.weights(),
-        architecture_name(engine.learner.config.hidden, engine.learner.config.dueling),
-    )
+    spec = model_spec(task.settings.env, engine.weights(), architecture(engine.learner.config))
 
     async def pull() -> list[tuple[str, Any]]:
         async with grpc.aio.insecure_channel(task.address) as channel:
@@ -510,15 +527,13 @@ class BenchServer(ServerProcess):
         return sorted(reply.sessions[0].versions, key=lambda v: v.version)
 
 
-def seed_session(address: str, settings: Settings, seed: int) -> None:
+def seed_session(address: str, settings: Settings, seed: int, algo: Algorithm) -> None:
     """Version 0: a fresh network from the run's seed, seeded by the bench itself."""
-    engine_config, learner_config = engine_configs(settings, seed)
+    engine_config, learner_config = engine_configs(settings, seed, algo)
     engine = TrainingEngine(engine_config, learner_config)
     weights = engine.weights()
     engine.close()
-    spec = model_spec(
-        settings.env, weights, architecture_name(learner_config.hidden, learner_config.dueling)
-    )
+    spec = model_spec(settings.env, weights, architecture(learner_config))
 
     async def seed_it() -> None:
         async with grpc.aio.insecure_channel(address) as channel:
@@ -606,7 +621,7 @@ def run_configuration(
     server = BenchServer(run_dir / "server", configuration, settings)
     participants: list[Participant] = []
     try:
-        seed_session(server.address, settings, seed)
+        seed_session(server.address, settings, seed, configuration.algo)
         for index in range(configuration.n):
             task = ParticipantTask(
                 index=index,
@@ -618,6 +633,7 @@ def run_configuration(
                 mode=configuration.mode,
                 sync_interval=configuration.sync_interval,
                 settings=settings,
+                algo=configuration.algo,
                 save_local_every_mark=configuration.mode == "exchange" and index == 0,
             )
             participants.append(Participant(task, run_dir / f"p{index}.log"))
@@ -656,7 +672,7 @@ def _evaluate(
     versions: list[pb.VersionState],
     run_seconds: float,
 ) -> RunResult:
-    engine_config, learner_config = engine_configs(settings, seed)
+    engine_config, learner_config = engine_configs(settings, seed, configuration.algo)
     probe = TrainingEngine(engine_config, learner_config)
     network = probe.learner.online
     probe.close()
@@ -672,12 +688,14 @@ def _evaluate(
     def evaluate(weights: Sequence[tuple[str, np.ndarray]]) -> float:
         load_named_arrays(network, weights)
 
-        def q_values(obs: np.ndarray) -> np.ndarray:
+        def greedy(obs: np.ndarray) -> np.ndarray:
             with torch.inference_mode():
-                q: np.ndarray = network(torch.from_numpy(obs)).numpy()
-            return q
+                batch = torch.from_numpy(obs)
+                if isinstance(network, ActorCritic):
+                    return np.asarray(network.greedy(batch).numpy())
+                return np.asarray(network(batch).argmax(dim=1).numpy())
 
-        return evaluator.run(q_values).mean
+        return evaluator.run_policy(greedy).mean
 
     def evaluate_version(state: pb.VersionState) -> float:
         if state.version not in cache:
@@ -918,10 +936,16 @@ def sweep(args: argparse.Namespace, cores: int) -> list[Configuration]:
     modes = args.modes or modes
     syncs = args.sync_intervals or syncs
     buffers = args.buffer_sizes or buffers
-    return [
+    dqn = [
         Configuration(n=n, mode=m, sync_interval=s, buffer_size=k)
         for s, k, m, n in itertools.product(syncs, buffers, modes, ns)
     ]
+    # PPO shares weights only, and pushes per update whatever the sync interval.
+    ppo = [
+        Configuration(n=n, mode="avg", sync_interval=syncs[0], buffer_size=k, algo="ppo")
+        for k, n in itertools.product(buffers, ns)
+    ]
+    return (dqn if "dqn" in args.algo else []) + (ppo if "ppo" in args.algo else [])
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -935,6 +959,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", help="run seeds (default 0 1 2; quick 0 1)")
     parser.add_argument("--n", type=int, nargs="+", help="participant counts")
     parser.add_argument("--modes", nargs="+", choices=MODES, help="what participants share")
+    parser.add_argument(
+        "--algo",
+        nargs="+",
+        choices=("dqn", "ppo"),
+        default=["dqn"],
+        help="the clients' algorithms (PPO: weight averaging only, a push per update)",
+    )
     parser.add_argument("--sync-intervals", type=int, nargs="+", help="episodes between syncs")
     parser.add_argument(
         "--buffer-sizes", type=int, nargs="+", help="K: updates per version (0: automatic, K = N)"
