@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from fedrl.client.commands.cli import main
 from fedrl.client.commands.config import TrainConfig
 from fedrl.client.commands.export import ExportConfig, export_model
+from fedrl.client.federation.experience_exchange import ExchangeConfig
 
 TINY = [
     "--algo", "ppo",
@@ -97,7 +98,7 @@ def test_dqn_only_and_ppo_only_options_are_refused_with_the_other_algorithm(
 
 def test_a_config_for_ppo_with_experience_exchange_is_refused() -> None:
     with pytest.raises(ValueError, match="--foreign-share, --pull-transitions"):
-        TrainConfig(algo="ppo", foreign_share=0.5, pull_transitions=10)
+        TrainConfig(algo="ppo", exchange=ExchangeConfig(foreign_share=0.5, pull_transitions=10))
 
 
 def test_ppo_configs_exchange_no_experience_and_take_device_and_amp_from_the_learner() -> None:
@@ -105,7 +106,7 @@ def test_ppo_configs_exchange_no_experience_and_take_device_and_amp_from_the_lea
 
     ppo = config.learner_config
 
-    assert not config.exchange.enabled
+    assert config.shared_experience is None
     assert ppo.device == config.learner.device and ppo.amp == "auto"  # type: ignore[union-attr]
     assert config.architecture == "ppo/mlp-64x64"
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from server_harness import InProcessServer, server_config
 
 from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.experience_exchange import ExchangeConfig, mixed_replay
@@ -23,6 +22,7 @@ from fedrl.client.training.policy_network import ppo_architecture_name
 from fedrl.client.training.ppo_learner import PPOConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.proto.v1 import federation_pb2 as pb
+from tests.support.server_harness import InProcessServer, server_config
 
 PPO = PPOConfig(device="cpu", rollout_steps=32, epochs=2, minibatch_size=64, ppo_hidden=(16,))
 ENGINE = EngineConfig(workers=0, envs_per_worker=4, eval_interval=0)

@@ -13,12 +13,13 @@ observations, a convolutional torso when one is added.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from torch import nn
 
 from fedrl.client.training.transformer import HEAD_WIDTH, CausalTransformer
+from fedrl.common.config_cli import doc
 
 Policy = Literal["mlp", "transformer"]
 Activation = Literal["relu", "tanh"]
@@ -28,15 +29,29 @@ Activation = Literal["relu", "tanh"]
 class NetworkConfig:
     """Which torso the networks use; the same for DQN and PPO."""
 
-    policy: Policy = "mlp"
-    """Torso of every network: an MLP over the current observation, or a causal transformer
-    over the last --context observations of the episode."""
-    context: int = 16
-    """Transformer only: observations each decision sees (the actors keep each env's window)."""
-    transformer_layers: int = 2
-    """Transformer only: attention blocks."""
-    transformer_width: int = 64
-    """Transformer only: model width, a multiple of 16 (one attention head per 16)."""
+    policy: Policy = field(
+        default="mlp",
+        metadata=doc(
+            "Torso of every network: an MLP over the current observation, or a causal transformer "
+            "over the last --context observations of the episode."
+        ),
+    )
+    context: int = field(
+        default=16,
+        metadata=doc(
+            "Transformer only: observations each decision sees (the actors keep each env's window)."
+        ),
+    )
+    transformer_layers: int = field(
+        default=2,
+        metadata=doc("Transformer only: attention blocks."),
+    )
+    transformer_width: int = field(
+        default=64,
+        metadata=doc(
+            "Transformer only: model width, a multiple of 16 (one attention head per 16)."
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.policy not in ("mlp", "transformer"):

@@ -12,7 +12,7 @@ learning-rate annealing and gradient clipping. Collection happens elsewhere
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -25,6 +25,7 @@ from fedrl.client.training.policy_network import ActorCritic, build_actor_critic
 from fedrl.client.training.q_network import load_named_arrays, named_arrays
 from fedrl.client.training.rollout import Rollout
 from fedrl.client.training.vector_env import EnvShape
+from fedrl.common.config_cli import doc
 
 STATE_FORMAT = 1
 """Version of ``PPOLearner.state_dict()``'s layout; bumped on any change to it."""
@@ -36,42 +37,90 @@ Amp = Literal["auto", "on", "off"]
 class PPOConfig:
     """Every knob of PPO; the defaults are rl-baselines3-zoo's tuned CartPole-v1 settings."""
 
-    rollout_steps: int = 32
-    """Steps each env collects per rollout; a PPO update learns from workers × envs × this."""
-    epochs: int = 20
-    """Passes over each rollout."""
-    minibatch_size: int = 256
-    """Samples per gradient step (the rollout is split into equal minibatches)."""
-    ppo_lr: float = 1e-3
-    """Adam learning rate of PPO."""
-    anneal_steps: int = 100_000
-    """Env steps over which PPO's learning rate falls linearly to 0; 0 keeps it constant."""
-    ppo_gamma: float = 0.98
-    """Per-step discount of PPO."""
-    gae_lambda: float = 0.8
-    """GAE's λ: 0 is the one-step TD error, 1 the Monte Carlo return."""
-    clip_range: float = 0.2
-    """ε of the clipped objective: the probability ratio is kept within [1 − ε, 1 + ε]."""
-    value_clip: float | None = None
-    """Clip the value function's change per update to this (PPO2's value clipping); none for off."""
-    value_coef: float = 0.5
-    """Weight of the value loss."""
-    entropy_coef: float = 0.0
-    """Weight of the entropy bonus."""
-    normalize_advantages: bool = True
-    """Normalise advantages to mean 0, std 1 within each minibatch."""
-    max_grad_norm: float | None = 0.5
-    """Clip the global gradient norm to this; none to not clip."""
-    ppo_hidden: tuple[int, ...] = (64, 64)
-    """Hidden widths of PPO's policy and value MLPs (tanh)."""
-    log_std_init: float = 0.0
-    """Box actions: initial log standard deviation of the Gaussian policy."""
-    device: str = "auto"
-    """"auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N"."""
-    amp: Amp = "auto"
-    """bfloat16 autocast of the forward passes: "auto" on CUDA only, "on" on any device, "off"."""
-    seed: int = 0
-    """Seeds the network's initialisation and the minibatch order."""
+    rollout_steps: int = field(
+        default=32,
+        metadata=doc(
+            "Steps each env collects per rollout; a PPO update learns from workers × envs × this."
+        ),
+    )
+    epochs: int = field(
+        default=20,
+        metadata=doc("Passes over each rollout."),
+    )
+    minibatch_size: int = field(
+        default=256,
+        metadata=doc("Samples per gradient step (the rollout is split into equal minibatches)."),
+    )
+    ppo_lr: float = field(
+        default=1e-3,
+        metadata=doc("Adam learning rate of PPO."),
+    )
+    anneal_steps: int = field(
+        default=100_000,
+        metadata=doc(
+            "Env steps over which PPO's learning rate falls linearly to 0; 0 keeps it constant."
+        ),
+    )
+    ppo_gamma: float = field(
+        default=0.98,
+        metadata=doc("Per-step discount of PPO."),
+    )
+    gae_lambda: float = field(
+        default=0.8,
+        metadata=doc("GAE's λ: 0 is the one-step TD error, 1 the Monte Carlo return."),
+    )
+    clip_range: float = field(
+        default=0.2,
+        metadata=doc(
+            "ε of the clipped objective: the probability ratio is kept within [1 − ε, 1 + ε]."
+        ),
+    )
+    value_clip: float | None = field(
+        default=None,
+        metadata=doc(
+            "Clip the value function's change per update to this (PPO2's value clipping); none "
+            "for off."
+        ),
+    )
+    value_coef: float = field(
+        default=0.5,
+        metadata=doc("Weight of the value loss."),
+    )
+    entropy_coef: float = field(
+        default=0.0,
+        metadata=doc("Weight of the entropy bonus."),
+    )
+    normalize_advantages: bool = field(
+        default=True,
+        metadata=doc("Normalise advantages to mean 0, std 1 within each minibatch."),
+    )
+    max_grad_norm: float | None = field(
+        default=0.5,
+        metadata=doc("Clip the global gradient norm to this; none to not clip."),
+    )
+    ppo_hidden: tuple[int, ...] = field(
+        default=(64, 64),
+        metadata=doc("Hidden widths of PPO's policy and value MLPs (tanh)."),
+    )
+    log_std_init: float = field(
+        default=0.0,
+        metadata=doc("Box actions: initial log standard deviation of the Gaussian policy."),
+    )
+    device: str = field(
+        default="auto",
+        metadata=doc('"auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N".'),
+    )
+    amp: Amp = field(
+        default="auto",
+        metadata=doc(
+            'bfloat16 autocast of the forward passes: "auto" on CUDA only, "on" on any device, '
+            '"off".'
+        ),
+    )
+    seed: int = field(
+        default=0,
+        metadata=doc("Seeds the network's initialisation and the minibatch order."),
+    )
 
     def __post_init__(self) -> None:
         at_least_one = {
