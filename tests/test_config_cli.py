@@ -159,7 +159,11 @@ def test_two_fields_with_one_option_name_are_refused() -> None:
 
 COMMANDS: dict[str, tuple[click.Command, type, set[tuple[str, str]]]] = {
     # name: (command, its config, (section, field) pairs the command sets itself)
-    "fedrl-client": (client_main, TrainConfig, {("learner", "seed")}),
+    "fedrl-client": (
+        client_main,
+        TrainConfig,
+        {("learner", "seed"), ("ppo", "seed"), ("ppo", "device"), ("ppo", "amp")},
+    ),
     "fedrl-client plot": (plot_command, PlotConfig, set()),
     "fedrl-client check": (check_command, CheckConfig, {("tls", "token_file")}),
     "fedrl-client export": (export_command, ExportConfig, set()),
