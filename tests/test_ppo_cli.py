@@ -1,4 +1,4 @@
-"""`fedrl-client --algo ppo`: tiny runs train, resume and export; wrong options are refused."""
+"""`fedrl-client --algo ppo`: tiny runs train, resume, export, plot; wrong options are refused."""
 
 from __future__ import annotations
 
@@ -50,6 +50,9 @@ def test_a_tiny_ppo_run_saves_resumes_on_the_same_schedule_and_exports(tmp_path:
             model=tmp_path / "Макар" / "model.pt", format="torchscript", out=tmp_path / "pi.pt"
         )
     )
+    plotted = CliRunner().invoke(
+        main, ["plot", "--state-dir", str(tmp_path), "--out", str(tmp_path / "plots")]
+    )
 
     # assert
     assert "resuming Макар at episode 20" in output
@@ -67,6 +70,8 @@ def test_a_tiny_ppo_run_saves_resumes_on_the_same_schedule_and_exports(tmp_path:
     assert trains and {"policy_loss", "value_loss", "approx_kl"} <= set(trains[-1])
     assert "replay_size" not in trains[-1]
     assert report.n_actions == 0 and "'action' float32 [batch, 1]" in report.output
+    assert plotted.exit_code == 0, plotted.output
+    assert {"returns.png", "loss.png"} <= {p.name for p in (tmp_path / "plots").iterdir()}
 
 
 def test_experience_exchange_options_are_refused_for_ppo_even_at_their_defaults(
