@@ -42,7 +42,6 @@ OURS_PPO = PPOConfig(
     minibatch_size=64,
     epochs=10,
     ppo_lr=1e-3,
-    anneal_steps=0,
     ppo_gamma=0.9,
     gae_lambda=0.95,
     clip_range=0.2,

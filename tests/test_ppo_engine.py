@@ -146,7 +146,6 @@ def test_ppo_swings_pendulum_up_within_the_zoo_step_budget() -> None:
         minibatch_size=64,
         epochs=10,
         ppo_lr=1e-3,
-        anneal_steps=0,
         ppo_gamma=0.9,
         gae_lambda=0.95,
     )

@@ -1,1 +1,1 @@
-"""The learning engine: actor processes, shared memory, replay, the Q-network and its learner."""
+"""The learning engine: actor processes, shared memory, replay and rollouts, networks, learners."""

@@ -603,8 +603,6 @@ class TrainingEngine:
             self._take(batch, fill.env_steps, returns, lengths)
             return
         rollout, returns, lengths = slot.read(fill)
-        assert isinstance(self.learner, PPOLearner)
-        rollout.validate(self.obs_shape, self.learner.action_shape)
         if actor.spec.index in self._rollouts:
             raise ActorFailureError(f"actor {actor.spec.index} sent two rollouts for one update")
         self._rollouts[actor.spec.index] = (fill.slot, rollout)

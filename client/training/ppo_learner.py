@@ -35,7 +35,13 @@ Amp = Literal["auto", "on", "off"]
 
 @dataclass(frozen=True)
 class PPOConfig:
-    """Every knob of PPO; the defaults are rl-baselines3-zoo's tuned CartPole-v1 settings."""
+    """Every knob of PPO; the defaults are rl-baselines3-zoo's tuned CartPole-v1 settings.
+
+    But for the learning rate: the zoo anneals it to 0 over its 100k-step
+    budget, which solves CartPole in ~20 % fewer steps here (8 seeds: median
+    8.1k against 10.1k), but would stop a longer run from learning at 100k
+    steps; so it is constant unless anneal_steps gives the run's length.
+    """
 
     rollout_steps: int = field(
         default=32,
@@ -56,9 +62,10 @@ class PPOConfig:
         metadata=doc("Adam learning rate of PPO."),
     )
     anneal_steps: int = field(
-        default=100_000,
+        default=0,
         metadata=doc(
-            "Env steps over which PPO's learning rate falls linearly to 0; 0 keeps it constant."
+            "Env steps over which PPO's learning rate falls linearly to 0, e.g. the run's "
+            "length; 0 keeps it constant."
         ),
     )
     ppo_gamma: float = field(
