@@ -95,7 +95,7 @@ class ExchangeConfig:
         default=0.25,
         metadata=doc(
             "Share of each training batch drawn from other participants' transitions; 0 turns "
-            "experience exchange off."
+            "experience exchange off. DQN only: --algo ppo refuses the exchange options."
         ),
     )
     push_transitions: int = field(
