@@ -56,6 +56,7 @@ from fedrl.server.refusals import (
     PreconditionError,
     RequestRefusedError,
 )
+from fedrl.server.request_fields import check_update_fields
 from fedrl.server.state_db import (
     AckBatcher,
     AckRow,
@@ -92,6 +93,17 @@ class PushRequest:
     samples: int
     spec_hash: str
     metrics: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Out-of-range numbers never make a request: nothing downstream must re-check them."""
+        check_update_fields(
+            sequence=self.sequence,
+            samples=self.samples,
+            episodes=self.episodes,
+            env_steps=self.env_steps,
+            base_version=self.base_version,
+            metrics=self.metrics,
+        )
 
 
 @dataclass(frozen=True)
@@ -310,16 +322,13 @@ class Federation:
         session = self.session(request.session)
         pid = self._member(session, request.participant_id)
         self._check_hash(session, request.spec_hash)
-        if request.sequence <= 0:
-            raise InvalidRequestError("sequence numbers start at 1")
-        if request.samples <= 0:
-            raise InvalidRequestError("samples must be positive: an update trained on nothing")
-        for metric, value in request.metrics.items():
-            if not math.isfinite(value):
-                raise InvalidRequestError(f"metric {metric} is {value}; metrics must be finite")
+        # Its numbers were range-checked when it was made (PushRequest.__post_init__).
         pending = session.in_flight.get((pid, request.sequence))
         if pending is not None:
-            return _as_duplicate(await asyncio.shield(pending))
+            # A twin still on its way: its answer, counted like any repeated push.
+            answer = _as_duplicate(await asyncio.shield(pending))
+            await self._count_duplicate(session, pid)
+            return answer
         if request.sequence <= session.last_sequences.get(pid, 0):
             return await self._stored_answer(session, pid, request.sequence)
         if session.aggregator.current_version < 0:
@@ -482,9 +491,12 @@ class Federation:
                 f"sequence {sequence} is below the last acknowledged {last} and was never "
                 "acknowledged; sequence numbers must increase"
             )
+        await self._count_duplicate(session, pid)
+        return _result_from_ack(ack, duplicate=True)
+
+    async def _count_duplicate(self, session: Session, pid: str) -> None:
         now = now_ms()
         await self._db(lambda db: db.count_duplicate(session.name, pid, now))
-        return _result_from_ack(ack, duplicate=True)
 
     def _staleness(self, session: Session, base_version: int) -> int:
         current = session.aggregator.current_version
@@ -599,8 +611,8 @@ class Federation:
     def _check_hash(self, session: Session, claimed_hash: str) -> None:
         if claimed_hash != session.spec_hash:
             raise PreconditionError(
-                f"spec_hash {claimed_hash or '(empty)'} differs from session "
-                f"{session.name!r}'s {session.spec_hash}; Join again with the session's model"
+                f"spec_hash {claimed_hash or '(empty)'} differs from the spec hash of session "
+                f"{session.name!r} ({session.spec_hash}); Join again with the session's model"
             )
 
     async def _create(self, name: str, spec: tpb.ModelSpec, digest: str) -> Session:
@@ -746,6 +758,7 @@ def check_spec(spec: tpb.ModelSpec, *, max_model_bytes: int) -> None:
     names = [t.name for t in spec.tensors]
     if len(set(names)) != len(names) or not all(names):
         raise InvalidRequestError("model spec tensor names must be non-empty and unique")
+    _check_bounds(spec.observation_space, "observation_space")
     total = 0
     for tensor in spec.tensors:
         if tensor.dtype not in ACCEPTED_DELTA_DTYPES:
@@ -763,6 +776,25 @@ def check_spec(spec: tpb.ModelSpec, *, max_model_bytes: int) -> None:
             f"the model is {total} bytes as float32, above this server's limit of "
             f"{max_model_bytes} (--max-model-bytes)"
         )
+
+
+def _check_bounds(space: tpb.SpaceSpec, what: str) -> None:
+    """Box bounds the experience validation can hold observations to: none, or one per element."""
+    if any(dim < 0 for dim in space.shape):
+        raise InvalidRequestError(f"{what}.shape {list(space.shape)} has a negative dimension")
+    if not space.low and not space.high:
+        return
+    size = math.prod(space.shape)
+    if len(space.low) != size or len(space.high) != size:
+        raise InvalidRequestError(
+            f"{what} has {len(space.low)} low and {len(space.high)} high bounds; "
+            f"its shape {list(space.shape)} needs {size} of each (or none)"
+        )
+    for index, (low, high) in enumerate(zip(space.low, space.high, strict=True)):
+        if not low <= high:
+            raise InvalidRequestError(
+                f"{what} bound {index} is low {low}, high {high}; bounds need low <= high"
+            )
 
 
 def check_tensors(spec: tpb.ModelSpec, tensors: NamedTensors, *, what: str) -> NamedTensors:

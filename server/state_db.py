@@ -34,6 +34,9 @@ from fedrl.server.experience_store import last_acknowledged, participant_counts
 
 SCHEMA_VERSION = 1
 
+INT64_MAX = (1 << 63) - 1
+"""SQLite's largest INTEGER: where the episode and step totals stop (saturate)."""
+
 T = TypeVar("T")
 
 # Other connections write this file too (the experience store's tables); a
@@ -520,26 +523,28 @@ def _insert_ack(db: sqlite3.Connection, ack: AckRow) -> AckRow | None:
     ).rowcount
     if not inserted:
         return None
+    # Totals saturate at INT64_MAX (see _SATURATED_SUM): a sum past it would
+    # make SQLite store a float, and the goal arithmetic would stop being exact.
     db.execute(
-        "UPDATE participants SET episodes=episodes+?, env_steps=env_steps+?, "
-        "updates_accepted=updates_accepted+1, last_seen_ms=MAX(last_seen_ms, ?), "
-        "best_eval_return=CASE WHEN ? IS NULL THEN best_eval_return "
-        "WHEN best_eval_return IS NULL OR ? > best_eval_return THEN ? "
+        f"UPDATE participants SET episodes={_saturated_sum('episodes', 1)}, "
+        f"env_steps={_saturated_sum('env_steps', 2)}, "
+        "updates_accepted=updates_accepted+1, last_seen_ms=MAX(last_seen_ms, ?3), "
+        "best_eval_return=CASE WHEN ?4 IS NULL THEN best_eval_return "
+        "WHEN best_eval_return IS NULL OR ?4 > best_eval_return THEN ?4 "
         "ELSE best_eval_return END "
-        "WHERE session=? AND participant_id=?",
+        "WHERE session=?5 AND participant_id=?6",
         (
             ack.episodes,
             ack.env_steps,
             ack.received_ms,
-            ack.eval_return,
-            ack.eval_return,
             ack.eval_return,
             ack.session,
             ack.participant_id,
         ),
     )
     db.execute(
-        "UPDATE sessions SET episodes_done=episodes_done+?, env_steps=env_steps+? WHERE name=?",
+        f"UPDATE sessions SET episodes_done={_saturated_sum('episodes_done', 1)}, "
+        f"env_steps={_saturated_sum('env_steps', 2)} WHERE name=?3",
         (ack.episodes, ack.env_steps, ack.session),
     )
     if ack.base_eval_return is not None:
@@ -557,6 +562,18 @@ def _insert_ack(db: sqlite3.Connection, ack: AckRow) -> AckRow | None:
         (total, done, ack.session, ack.participant_id, ack.sequence),
     )
     return dataclasses.replace(ack, goal_total=total, goal_done=done)
+
+
+def _saturated_sum(column: str, parameter: int) -> str:
+    """SQL for `column + ?parameter`, saturating at INT64_MAX instead of overflowing.
+
+    Both terms are at most INT64_MAX (request_fields checks every count
+    before it is logged), so INT64_MAX - ?parameter cannot overflow either.
+    """
+    return (
+        f"CASE WHEN {column} > {INT64_MAX} - ?{parameter} THEN {INT64_MAX} "
+        f"ELSE {column} + ?{parameter} END"
+    )
 
 
 def write_json_atomically(path: Path, reply: pb.StatusReply) -> None:

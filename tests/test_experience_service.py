@@ -19,6 +19,7 @@ from fedrl.common.experience import BatchAssembler, ExperienceBatch, batch_messa
 from fedrl.proto.v1 import experience_pb2 as pb
 from fedrl.proto.v1 import experience_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
+from fedrl.server.limits import LimitsConfig
 from tests.support.experience import (
     CONFIG,
     Server,
@@ -222,7 +223,7 @@ def test_a_participant_who_never_joined_may_not_push(
     assert "Join first" in refused.value.details()
 
 
-def test_a_budget_below_one_batch_gets_that_batch_cut_to_the_budget(
+def test_a_budget_below_one_batch_gets_that_batch_whole_so_no_row_is_skipped(
     exchange: pb_grpc.ExperienceExchangeStub,
 ) -> None:
     batch = make_batch(500)
@@ -230,10 +231,10 @@ def test_a_budget_below_one_batch_gets_that_batch_cut_to_the_budget(
 
     received, end = pull(exchange, "bob", budget=120)
 
-    assert len(received) == 1 and len(received[0][1]) == 120
-    assert_same_batch(received[0][1], batch.select(slice(0, 120)))
-    assert end.transitions_sent == 120
-    rest, _ = pull(exchange, "bob", cursor=end.next_cursor)
+    assert len(received) == 1
+    assert_same_batch(received[0][1], batch)
+    assert end.transitions_sent == 500
+    rest, _ = pull(exchange, "bob", cursor=end.next_cursor, budget=120)
     assert [h.sequence for h, _ in rest] == [2]
 
 
@@ -322,7 +323,8 @@ def test_a_batch_declaring_more_than_the_server_accepts_is_refused_before_its_da
 
 def test_a_push_that_stalls_mid_batch_is_dropped(tmp_path: Path) -> None:
     server = Server(
-        tmp_path / "data", dataclasses.replace(CONFIG, stream_idle_timeout_s=0.3)
+        tmp_path / "data",
+        dataclasses.replace(CONFIG, limits=LimitsConfig(stream_idle_timeout_s=0.3)),
     ).start()
     try:
         federation, stub = server.stubs()
