@@ -122,7 +122,7 @@ class ServerConfig:
         metadata=doc("Refuse an update whose L2 norm exceeds this (0: no bound, trusted groups)."),
     )
     update_norm_factor: float = field(
-        default=10.0,
+        default=20.0,
         metadata=doc(
             "Refuse an update whose L2 norm exceeds this many times the median of the "
             "session's last 32 accepted updates' norms (before 4 are known: the global "
