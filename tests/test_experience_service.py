@@ -389,3 +389,58 @@ def test_a_batch_in_the_former_per_column_format_is_refused_with_the_reason(
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "column_specs is empty" in refused.details()
     assert pull(exchange, "bob")[0] == []
+
+
+def limited_server(tmp_path: Path, **limits: Any) -> tuple[Server, pb_grpc.ExperienceExchangeStub]:
+    config = dataclasses.replace(CONFIG, limits=LimitsConfig(**limits))
+    server = Server(tmp_path / "data", config).start()
+    federation, experience = server.stubs()
+    for pid in ("alice", "bob"):
+        join(federation, pid, cartpole_spec())
+    return server, experience
+
+
+def test_experience_pushes_past_the_rate_limit_are_throttled_per_participant(
+    tmp_path: Path,
+) -> None:
+    server, exchange = limited_server(tmp_path, push_rate_per_s=0.01, push_burst=2)
+    try:
+        push(exchange, "alice", (1, make_batch(5)))
+        push(exchange, "alice", (2, make_batch(5, seed=2)))
+        with pytest.raises(grpc.RpcError) as throttled:
+            push(exchange, "alice", (3, make_batch(5, seed=3)))
+        others = push(exchange, "bob", (1, make_batch(5)))
+    finally:
+        server.stop()
+
+    assert throttled.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "experience push rate limit" in throttled.value.details()
+    assert [ack.sequence for ack in others.acks] == [1]
+
+
+def test_experience_streams_past_the_limit_are_refused(tmp_path: Path) -> None:
+    server, exchange = limited_server(tmp_path, max_streams_per_participant=1)
+    release = threading.Event()
+    header, *chunks = batch_messages(
+        make_batch(5), session="default", participant_id="alice", sequence=1
+    )
+
+    def held_open() -> Iterator[pb.ExperienceChunk]:
+        yield header
+        release.wait(30)
+        yield from chunks
+
+    try:
+        first = exchange.PushExperience.future(held_open(), metadata=metadata("alice"))
+        with pytest.raises(grpc.RpcError) as refused:
+            # Pulls count against the same limit; the push above holds the one slot.
+            for _ in range(50):
+                pull(exchange, "alice")
+        release.set()
+        assert [ack.sequence for ack in first.result(timeout=30).acks] == [1]
+    finally:
+        release.set()
+        server.stop()
+
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "stream limit" in refused.value.details()
