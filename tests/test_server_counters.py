@@ -25,6 +25,7 @@ from tests.support.server_harness import (
 from tests.test_server_session import ones, request, run
 
 BIG = make_spec([(256, 256)])
+SPEC = make_spec([(4,)])
 
 
 def _participant(data_dir: Path, pid: str) -> pb.ParticipantState:
@@ -82,3 +83,36 @@ def test_a_push_the_client_cancels_midway_is_not_counted_as_rejected(tmp_path: P
         server.stop()
     alice = _participant(data_dir, "alice")
     assert (alice.updates_accepted, alice.updates_rejected) == (1, 0)
+
+
+def test_totals_saturate_at_the_largest_integer_and_the_session_keeps_serving(
+    tmp_path: Path,
+) -> None:
+    largest = (1 << 63) - 1
+    config = server_config(tmp_path / "server", buffer_size=1)
+    with InProcessServer(config) as server:
+        stub = server.stub()
+        join(stub, "alice", SPEC)
+        seed(stub, "alice", SPEC, [np.zeros(4, np.float32)])
+        for sequence in (1, 2):
+            push(
+                stub,
+                "alice",
+                SPEC,
+                [np.zeros(4, np.float32)],
+                sequence=sequence,
+                base_version=0,
+                episodes=1 << 62,
+                env_steps=largest,
+            )
+    with InProcessServer(config) as server:
+        stub = server.stub()
+        notice = stub.GetVersion(pb.GetVersionRequest(), metadata=metadata("alice"))
+        joined = join(stub, "alice", SPEC)
+        status = stub.Status(pb.StatusRequest())
+
+    (session,) = status.sessions
+    assert notice.goal.episodes_done == largest and notice.goal.reached
+    assert joined.goal.episodes_done == largest
+    assert (session.env_steps, session.participants[0].env_steps) == (largest, largest)
+    assert session.participants[0].episodes == largest
