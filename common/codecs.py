@@ -79,7 +79,13 @@ def decode_bytes(codec: int, data: bytes | bytearray | memoryview, raw_size: int
                 # A truncated frame fails here rather than on the read above.
                 out += reader.read(1)
     except zstandard.ZstdError as exc:
-        raise DecodeError(f"corrupt zstd payload: {exc}") from exc
+        if "Destination buffer is too small" in str(exc):
+            # zstd's words for a frame whose blocks hold more than it declared.
+            raise DecodeError(
+                f"zstd payload expands to more bytes than the {raw_size} its header and "
+                "frame declare"
+            ) from exc
+        raise DecodeError(f"corrupt zstd payload (not {raw_size} valid bytes): {exc}") from exc
     if len(out) != raw_size:
         what = "more" if len(out) > raw_size else f"only {len(out)} (truncated?)"
         raise DecodeError(f"zstd payload expands to {what} bytes, header says {raw_size}")

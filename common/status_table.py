@@ -68,6 +68,8 @@ def render_session(state: pb.SessionState) -> str:
         f"  best eval {best}",
         f"  active    {state.active_participants} of {len(state.participants)} participants",
     ]
+    if state.updates_quarantined:
+        summary.append(f"  quarantined updates {state.updates_quarantined} (see its quarantine/)")
     participants = table(
         [
             "participant",

@@ -246,8 +246,16 @@ class ParticipantSums:
             return
         total, total_weight = previous
         _check_like(total, tensors, f"delta of {participant_id!r}")
-        summed = [a + b for a, b in zip(total, tensors, strict=True)]
+        # A sum beyond float32 becomes inf here and is refused by the strategy.
+        with np.errstate(over="ignore", invalid="ignore"):
+            summed = [a + b for a, b in zip(total, tensors, strict=True)]
         self._sums[participant_id] = (summed, total_weight + float(weight))
+
+    def copy(self) -> ParticipantSums:
+        """An independent copy: add() replaces a participant's arrays, never writes into them."""
+        twin = ParticipantSums(self._strategy)
+        twin._sums = dict(self._sums)
+        return twin
 
     def result(self) -> list[np.ndarray]:
         """The strategy's aggregate of the participants' sums, weighted by their summed weights."""

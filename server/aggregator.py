@@ -106,6 +106,7 @@ class Aggregator:
         metrics_path: Path,
         on_version: Callable[[int], Awaitable[None]],
         discard_watermark: Callable[[], Awaitable[int]],
+        set_aside: Callable[[LoggedUpdate, str], Awaitable[None]],
         snapshot: Snapshot | None = None,
         best_version: int = -1,
     ) -> None:
@@ -120,6 +121,7 @@ class Aggregator:
         self._metrics_path = metrics_path
         self._on_version = on_version
         self._discard_watermark = discard_watermark
+        self._set_aside = set_aside
         self._snapshot = snapshot
         self._head = snapshot
         """The newest computed version: the committed one, or the one being committed."""
@@ -301,12 +303,63 @@ class Aggregator:
             item.done.set_result(0)
 
     async def _flush_guarded(self) -> None:
-        """Flush; on failure keep the buffer (it is in the log) and retry at the next trigger."""
+        """Flush; on failure set aside the updates that cannot be applied and flush the rest.
+
+        No participant can stall a session: an update whose aggregate or
+        application fails (non-finite, beyond float32) is quarantined on its
+        own and the others become the version. A failure no single update
+        explains keeps the buffer (it is in the log) for the next trigger.
+        """
         try:
             await self._flush()
+            return
         except Exception:
-            log.exception("session %r: making a new version failed; will retry", self._session)
-            self._buffer_since = time.monotonic()
+            log.exception("session %r: making a new version failed", self._session)
+        head = self._head
+        try:
+            culprits = (
+                await self._in_worker(self._unappliable, head.tensors, list(self._buffer))
+                if head is not None
+                else []
+            )
+            for update, reason in culprits:
+                await self._set_aside(update, reason)
+                self._buffer.remove(update)
+        except Exception:
+            log.exception("session %r: setting aside unappliable updates failed", self._session)
+            culprits = []
+        if culprits:
+            self._accumulation = None
+            try:
+                await self._flush()
+                return
+            except Exception:
+                log.exception("session %r: making a new version failed again", self._session)
+        log.error("session %r: the buffer stays for a retry at the next trigger", self._session)
+        self._buffer_since = time.monotonic()
+
+    def _unappliable(
+        self, global_tensors: Sequence[np.ndarray], updates: Sequence[LoggedUpdate]
+    ) -> list[tuple[LoggedUpdate, str]]:
+        """The updates that break a version, each with why, found by adding them one at a time.
+
+        Each update is tried on top of those already found good; one whose
+        addition makes the aggregate or the new global fail is a culprit. Only
+        runs after a failed flush, so its K tries of the strategy cost nothing
+        in the common case.
+        """
+        good = ParticipantSums(self._strategy)
+        culprits: list[tuple[LoggedUpdate, str]] = []
+        for update in updates:
+            trial = good.copy()
+            try:
+                self._accumulate(trial, [update])
+                self._new_global(global_tensors, trial)
+            except Exception as exc:
+                culprits.append((update, f"cannot be aggregated: {exc}"))
+                continue
+            good = trial
+        return culprits
 
     async def _flush(self) -> None:
         head = self._head

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import secrets
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -437,22 +438,87 @@ def _token_hash(token: str) -> str:
 def server_credentials(
     paths: TlsPaths, *, require_client_auth: bool = True
 ) -> grpc.ServerCredentials:
-    """TLS credentials from the server's TLS folder.
+    """TLS credentials from the server's TLS folder, reloaded when its files change.
 
-    gRPC's TLS stack (BoringSSL) negotiates TLS 1.2 or 1.3 only. With client
-    auth required (mTLS), a client certificate not issued by the session CA,
-    or expired, fails the handshake before any RPC runs.
+    A renewed server certificate (or key, or CA) put in place is used from
+    the next TLS handshake on, without a restart: gRPC asks the fetcher for
+    a configuration at every handshake (ServerCertificates.fetch).
+
+    TLS versions: gRPC's Python API has no way to set them (its core keeps
+    the setter to itself: "Plumb to wrapped languages", a TODO in
+    ssl_credentials.h), and its core's server config fixes the range at
+    TLS 1.2 to 1.3 (grpc_ssl_server_config: min_tls_version = TLS1_2), which
+    tests/test_security_tls.py checks by offering TLS 1.1 and 1.0.
+
+    With client auth required (mTLS), a client certificate not issued by the
+    session CA, or expired, fails the handshake before any RPC runs.
     """
-    if not paths.has_server_material():
-        raise TlsMaterialError(
-            f"no TLS material in {paths.root}: run `fedrl-server init-tls --host NAME`"
-        )
-    server = CertifiedKey.read(paths.server_cert, paths.server_key)
-    return grpc.ssl_server_credentials(
-        [(server.key_pem, server.cert_pem)],
-        root_certificates=paths.ca_cert.read_bytes(),
-        require_client_auth=require_client_auth,
+    certificates = ServerCertificates(paths)
+    return grpc.dynamic_ssl_server_credentials(
+        certificates.initial(),
+        certificates.fetch,
+        require_client_authentication=require_client_auth,
     )
+
+
+class ServerCertificates:
+    """The server's certificate, key and CA from the TLS folder, re-read when they change.
+
+    A change is noticed by the files' (mtime, size); a new set that does not
+    load (a half-copied key, a certificate that does not match its key) is
+    logged and the current one kept, so a botched renewal never stops the
+    server from accepting connections.
+    """
+
+    def __init__(self, paths: TlsPaths) -> None:
+        if not paths.has_server_material():
+            raise TlsMaterialError(
+                f"no TLS material in {paths.root}: run `fedrl-server init-tls --host NAME`"
+            )
+        self._paths = paths
+        self._files = (paths.server_cert, paths.server_key, paths.ca_cert)
+        self._seen = self._stamp()
+        self._lock = threading.Lock()
+
+    def initial(self) -> Any:
+        """The configuration to start with; raises TlsMaterialError when it does not load."""
+        return self._load()
+
+    def fetch(self) -> Any:
+        """gRPC's certificate_configuration_fetcher: a new configuration, or None to keep."""
+        with self._lock:
+            try:
+                stamp = self._stamp()
+            except OSError as exc:
+                log.error(
+                    "TLS material in %s unreadable (%s); keeping the current", self._paths.root, exc
+                )
+                return None
+            if stamp == self._seen:
+                return None
+            self._seen = stamp
+            try:
+                configuration = self._load()
+            except (OSError, ValueError) as exc:
+                log.error(
+                    "TLS material in %s changed but does not load (%s); keeping the current",
+                    self._paths.root,
+                    exc,
+                )
+                return None
+        log.info("TLS material in %s reloaded", self._paths.root)
+        return configuration
+
+    def _stamp(self) -> tuple[tuple[int, int], ...]:
+        stats = [path.stat() for path in self._files]
+        return tuple((stat.st_mtime_ns, stat.st_size) for stat in stats)
+
+    def _load(self) -> Any:
+        server = CertifiedKey.read(self._paths.server_cert, self._paths.server_key)
+        return grpc.ssl_server_certificate_configuration(
+            [(server.key_pem, server.cert_pem)],
+            root_certificates=self._paths.ca_cert.read_bytes(),
+        )
 
 
 def check_bind_policy(host: str, *, tls: bool, insecure: bool) -> None:

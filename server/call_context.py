@@ -76,6 +76,15 @@ def authenticated_participant(context: Context) -> str | None:
         raise InvalidRequestError(f"caller identity: {exc}") from None
 
 
+ANONYMOUS = ""
+"""Limits key of a plaintext caller that does not say who it is; such callers share it."""
+
+
+def limits_key(context: Context) -> str:
+    """Whose per-participant limits a call counts against: the authenticated caller's."""
+    return authenticated_participant(context) or ANONYMOUS
+
+
 def acting_as(context: Context, claimed: str) -> str:
     """The participant a request speaks for, refused if it is not the caller."""
     try:

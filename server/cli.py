@@ -90,7 +90,7 @@ def run_serve(config: ServeConfig) -> None:
 def experience_registration(config: ServerConfig) -> ServiceRegistration:
     """The ExperienceExchange service beside Federation, closed with the server."""
     registration, exchange = experience_service(
-        config.data_dir, ExperienceConfig(chunk_bytes=config.chunk_bytes)
+        config.data_dir, ExperienceConfig(chunk_bytes=config.chunk_bytes, limits=config.limits)
     )
     return dataclasses.replace(registration, close=exchange.close)
 

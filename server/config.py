@@ -121,6 +121,14 @@ class ServerConfig:
         default=0.0,
         metadata=doc("Refuse an update whose L2 norm exceeds this (0: no bound, trusted groups)."),
     )
+    update_norm_factor: float = field(
+        default=20.0,
+        metadata=doc(
+            "Refuse an update whose L2 norm exceeds this many times the median of the "
+            "session's last 32 accepted updates' norms (before 4 are known: the global "
+            "model's norm); 0: off. See fedrl.server.norm_bound."
+        ),
+    )
     token_auth: bool = field(
         default=False,
         metadata=doc("Authenticate by per-participant token over one-way TLS, not client certs."),
@@ -202,6 +210,11 @@ class ServerConfig:
             raise ValueError("clip_norm and staleness_exponent must be >= 0, server_lr > 0")
         if not (math.isfinite(self.max_update_norm) and self.max_update_norm >= 0):
             raise ValueError(f"max_update_norm must be finite and >= 0, got {self.max_update_norm}")
+        if not (math.isfinite(self.update_norm_factor) and self.update_norm_factor >= 0):
+            raise ValueError(
+                f"update_norm_factor must be finite and >= 0 (0: off), got "
+                f"{self.update_norm_factor}"
+            )
         _strategies_by_session(self.session_strategy)
         # LimitsConfig checks its own fields and names the one that is wrong.
         _ = self.limits

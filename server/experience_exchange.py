@@ -37,12 +37,14 @@ from fedrl.server.experience_store import (
     StoredBatch,
 )
 from fedrl.server.experience_validation import InvalidBatchError, ValidationLimits, validate_batch
+from fedrl.server.limits import LimitsConfig
 from fedrl.server.refusals import (
     InvalidRequestError,
     NotFoundError,
     PreconditionError,
     RequestRefusedError,
 )
+from fedrl.server.request_fields import check_int
 from fedrl.server.session import DB_FILE, SESSIONS_DIR, now_ms, validate_session_name
 from fedrl.server.state_db import StateDB
 
@@ -67,8 +69,9 @@ class ExperienceConfig:
     """Largest data field of a chunk sent or accepted."""
     max_batch_raw_bytes: int = 64 << 20
     """Decoded bytes of one pushed batch, held in memory until it validates (trading: ~16 MB)."""
-    stream_idle_timeout_s: float = 60.0
-    """Longest wait for the next message of a push; a stalled stream would hold its buffers."""
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    """Per-participant limits, the Federation service's: batches pushed per second (each
+    batch header takes a token), open streams, and the idle timeout of a half-sent push."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.default_pull_transitions <= self.max_pull_transitions:
@@ -78,10 +81,6 @@ class ExperienceConfig:
             )
         if self.chunk_bytes <= 0 or self.max_batch_raw_bytes <= 0:
             raise ValueError("chunk_bytes and max_batch_raw_bytes must be positive")
-        if not self.stream_idle_timeout_s > 0:
-            raise ValueError(
-                f"stream_idle_timeout_s must be positive, got {self.stream_idle_timeout_s}"
-            )
 
 
 @dataclass(frozen=True)
@@ -129,8 +128,7 @@ class ExperienceExchange:
     async def check_push(self, session_name: str, participant_id: str, sequence: int) -> None:
         """Refuse a batch before reading its columns: unknown session, non-member, bad sequence."""
         await self._member_session(session_name, participant_id)
-        if sequence <= 0:
-            raise InvalidRequestError("sequence numbers start at 1")
+        check_int(sequence, "ExperienceHeader.sequence", low=1)
 
     async def push(
         self, session_name: str, participant_id: str, sequence: int, batch: ExperienceBatch
@@ -190,8 +188,12 @@ class ExperienceExchange:
     ) -> tuple[list[StoredBatch], int]:
         """Other participants' batches after the cursor within the budget, and the next cursor.
 
-        A budget of 0 is the configured default; any budget is capped at the maximum.
+        A budget of 0 is the configured default; any budget is capped at the
+        maximum. A batch larger than the budget comes whole and alone: the
+        cursor counts batches, so a cut batch's other rows could never be
+        asked for again (a batch is at most validation.max_transitions rows).
         """
+        check_int(cursor, "PullExperienceRequest.cursor", low=0)
         session = await self._member_session(session_name, participant_id)
         budget = max_transitions or self._config.default_pull_transitions
         budget = min(budget, self._config.max_pull_transitions)
@@ -199,10 +201,7 @@ class ExperienceExchange:
         result = await self._run(
             lambda: store.read_after(cursor, exclude=participant_id, max_transitions=budget)
         )
-        batches = result.batches
-        if batches and batches[0].header.transitions > budget:
-            batches = [await asyncio.to_thread(self._cut, batches[0], budget)]
-        return batches, result.next_cursor
+        return result.batches, result.next_cursor
 
     def in_codec(self, stored: StoredBatch, codec: int) -> StoredBatch:
         """A stored batch as the caller asked for it: uncompressed, or as stored (zstd)."""
@@ -213,10 +212,6 @@ class ExperienceExchange:
     def _decode(self, stored: StoredBatch) -> ExperienceBatch:
         """A stored batch decoded, under the same limits as a pushed one."""
         return decode_batch(stored.header, stored.block, stored.data, limits=self.decode_limits)
-
-    def _cut(self, stored: StoredBatch, rows: int) -> StoredBatch:
-        """The first rows of a stored batch: a budget below one batch still makes progress."""
-        return _reencoded(stored, self._decode(stored).select(slice(0, rows)), codec=tpb.CODEC_ZSTD)
 
     # Internals.
 

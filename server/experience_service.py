@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 from fedrl.common.errors import DecodeError
@@ -21,10 +22,10 @@ from fedrl.proto.v1 import experience_pb2 as pb
 from fedrl.proto.v1 import experience_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
 from fedrl.server.app import ServiceRegistration
-from fedrl.server.call_context import REFUSALS, Context, abort, acting_as
+from fedrl.server.call_context import REFUSALS, Context, abort, acting_as, limits_key
 from fedrl.server.experience_exchange import ExperienceConfig, ExperienceExchange
 from fedrl.server.experience_store import Ack, StoredBatch
-from fedrl.server.limits import drain, with_idle_timeout
+from fedrl.server.limits import RateLimiter, StreamCounter, drain, with_idle_timeout
 from fedrl.server.refusals import InvalidRequestError
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExperienceExchange"].full_name
@@ -35,6 +36,13 @@ class ExperienceServicer(pb_grpc.ExperienceExchangeServicer):
 
     def __init__(self, exchange: ExperienceExchange) -> None:
         self._exchange = exchange
+        limits = exchange.config.limits
+        # The Federation service's limits, counted apart: a participant's
+        # experience pushes and pulls never use up its update pushes' budget.
+        self._pushes = RateLimiter(
+            rate_per_s=limits.push_rate_per_s, burst=limits.push_burst, what="experience push"
+        )
+        self._streams = StreamCounter(max_per_participant=limits.max_streams_per_participant)
 
     async def PushExperience(
         self, request_iterator: AsyncIterator[pb.ExperienceChunk], context: Context
@@ -44,37 +52,46 @@ class ExperienceServicer(pb_grpc.ExperienceExchangeServicer):
         participant = ""
         assembler: BatchAssembler | None = None
         messages = with_idle_timeout(
-            request_iterator, self._exchange.config.stream_idle_timeout_s, what="experience"
+            request_iterator, self._exchange.config.limits.stream_idle_timeout_s, what="experience"
         )
         try:
-            async for message in messages:
-                if message.HasField("header"):
-                    if assembler is not None:
-                        raise InvalidRequestError(
-                            f"batch {header.sequence if header else 0} ended before its last chunk"
+            key = limits_key(context)
+            with self._streams.hold(key):
+                async for message in messages:
+                    if message.HasField("header"):
+                        if assembler is not None:
+                            raise InvalidRequestError(
+                                f"batch {header.sequence if header else 0} ended before "
+                                "its last chunk"
+                            )
+                        header = message.header
+                        participant = acting_as(context, header.participant_id)
+                        # Each batch takes a token: one call cannot carry a flood.
+                        self._pushes.acquire(key)
+                        await self._exchange.check_push(
+                            header.session, participant, header.sequence
                         )
-                    header = message.header
-                    participant = acting_as(context, header.participant_id)
-                    await self._exchange.check_push(header.session, participant, header.sequence)
-                    assembler = BatchAssembler(header, self._exchange.decode_limits)
-                elif message.HasField("chunk"):
-                    if assembler is None or header is None:
-                        raise InvalidRequestError("a chunk before its batch's ExperienceHeader")
-                    # Decompressing and checking a block is CPU work (~20 ms for
-                    # 10k trading transitions): off the event loop.
-                    batch = await asyncio.to_thread(_add_chunk, assembler, message.chunk)
-                    if batch is not None:
-                        assembler = None
-                        ack = await self._exchange.push(
-                            header.session, participant, header.sequence, batch
-                        )
-                        reply.acks.append(_ack_message(ack))
-                else:
-                    raise InvalidRequestError("a push carries headers and chunks only")
-            if assembler is not None:
-                raise InvalidRequestError("the stream ended inside a batch (final chunk missing)")
-            if header is None:
-                raise InvalidRequestError("empty stream: expected an ExperienceHeader first")
+                        assembler = BatchAssembler(header, self._exchange.decode_limits)
+                    elif message.HasField("chunk"):
+                        if assembler is None or header is None:
+                            raise InvalidRequestError("a chunk before its batch's ExperienceHeader")
+                        # Decompressing and checking a block is CPU work (~20 ms for
+                        # 10k trading transitions): off the event loop.
+                        batch = await asyncio.to_thread(_add_chunk, assembler, message.chunk)
+                        if batch is not None:
+                            assembler = None
+                            ack = await self._exchange.push(
+                                header.session, participant, header.sequence, batch
+                            )
+                            reply.acks.append(_ack_message(ack))
+                    else:
+                        raise InvalidRequestError("a push carries headers and chunks only")
+                if assembler is not None:
+                    raise InvalidRequestError(
+                        "the stream ended inside a batch (final chunk missing)"
+                    )
+                if header is None:
+                    raise InvalidRequestError("empty stream: expected an ExperienceHeader first")
         except DecodeError as exc:
             if header is not None:
                 await self._exchange.count_rejection(header.session, participant)
@@ -92,31 +109,33 @@ class ExperienceServicer(pb_grpc.ExperienceExchangeServicer):
         await drain(
             messages,
             max_bytes=limits.max_total_raw_bytes + limits.max_chunk_bytes,
-            timeout_s=self._exchange.config.stream_idle_timeout_s,
+            timeout_s=self._exchange.config.limits.stream_idle_timeout_s,
         )
 
     async def PullExperience(
         self, request: pb.PullExperienceRequest, context: Context
     ) -> AsyncIterator[pb.ExperienceChunk]:
-        try:
-            participant = acting_as(context, request.participant_id)
-            batches, next_cursor = await self._exchange.pull(
-                request.session,
-                participant,
-                cursor=request.cursor,
-                max_transitions=request.max_transitions,
+        with ExitStack() as open_stream:
+            try:
+                open_stream.enter_context(self._streams.hold(limits_key(context)))
+                participant = acting_as(context, request.participant_id)
+                batches, next_cursor = await self._exchange.pull(
+                    request.session,
+                    participant,
+                    cursor=request.cursor,
+                    max_transitions=request.max_transitions,
+                )
+            except REFUSALS as exc:
+                await abort(context, exc)
+                return
+            sent = 0
+            for stored in batches:
+                for message in self._messages(stored, request.codec):
+                    yield message
+                sent += stored.header.transitions
+            yield pb.ExperienceChunk(
+                end=pb.ExperienceEnd(next_cursor=next_cursor, transitions_sent=sent)
             )
-        except REFUSALS as exc:
-            await abort(context, exc)
-            return
-        sent = 0
-        for stored in batches:
-            for message in self._messages(stored, request.codec):
-                yield message
-            sent += stored.header.transitions
-        yield pb.ExperienceChunk(
-            end=pb.ExperienceEnd(next_cursor=next_cursor, transitions_sent=sent)
-        )
 
     def _messages(self, stored: StoredBatch, codec: int) -> Iterator[pb.ExperienceChunk]:
         """The stream messages of one stored batch, in the codec the caller asked for."""

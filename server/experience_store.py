@@ -4,8 +4,8 @@ Batches are appended to segment files as records framed as
 fedrl.server.record_frames says (magic b"FXB3", numbered by batch id) and
 indexed in SQLite; the index row is the commit point.
 A payload is the batch header (with its column specs) and the encoded block,
-as a pull sends them: serving a batch re-encodes it only to cut it to a
-budget or to send it uncompressed.
+as a pull sends them: serving a batch re-encodes it only to send it
+uncompressed.
 An append is acknowledged in this order: record written and fsynced ->
 one transaction that drops evicted batches, adds the index row, the ack
 row and the counters -> answer. So after `kill -9` at any moment:
@@ -286,8 +286,9 @@ class ExperienceStore:
     def read_after(self, cursor: int, *, exclude: str, max_transitions: int) -> PullResult:
         """Other participants' batches after cursor, whole, while they fit the budget.
 
-        The first batch is returned even if it alone exceeds the budget, so a
-        caller with a small budget still moves forward; the service cuts it.
+        The first batch is returned whole even if it alone exceeds the budget,
+        so a caller with a small budget still moves forward and never skips a
+        row (the cursor moves past whole batches only).
         A cursor past every id ever given (a store started afresh) comes back
         as the newest id, so the caller resynchronises instead of waiting forever.
         """

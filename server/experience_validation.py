@@ -4,10 +4,12 @@ Everything another participant's learner will train on passes here first:
 one NaN or out-of-range action in a shared replay poisons every network
 that samples it, and the participant who sent it may not even know.
 
-Observations are checked for shape, dtype and finiteness but not against
-the Box bounds: environments commonly declare bounds their own observations
-leave (or ±inf, which says nothing), and refusing honest data would only
-make participants turn exchange off.
+Observations are checked for shape, dtype, finiteness and the Box bounds
+the session's spec declares (an unbounded side, ±inf, checks nothing): a
+value no environment of the session can produce is either a bug or an
+attack, and the learners of everyone else would train on it. A spec without
+bounds (empty low/high) has only its shape and dtype checked; Join refuses
+bounds that do not fit the shape (server/session.py check_spec).
 """
 
 from __future__ import annotations
@@ -100,6 +102,24 @@ def _check_observations(batch: ExperienceBatch, space: tpb.SpaceSpec) -> None:
             )
         if column.dtype.kind == "f" and not np.isfinite(column).all():
             raise InvalidBatchError(f"{name} holds NaN or infinite values")
+        _check_bounds(name, column, space)
+
+
+def _check_bounds(name: str, column: np.ndarray, space: tpb.SpaceSpec) -> None:
+    """Every value within the Box's low..high, element by element."""
+    if not space.low and not space.high:
+        return
+    shape = tuple(space.shape)
+    for side, bound, outside in (("low", space.low, np.less), ("high", space.high, np.greater)):
+        limits = np.asarray(bound, dtype=np.float64).reshape(shape)
+        bad = outside(column, limits)
+        if bad.any():
+            row, *element = np.unravel_index(int(np.argmax(bad)), bad.shape)
+            value = column[(row, *element)]
+            raise InvalidBatchError(
+                f"{name}[{row}] element {list(map(int, element))} is {value}, outside the "
+                f"observation space's {side} bound {limits[tuple(element)]}"
+            )
 
 
 def _check_actions(action: np.ndarray, space: tpb.SpaceSpec) -> None:

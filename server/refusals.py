@@ -16,6 +16,14 @@ class InvalidRequestError(RequestRefusedError):
     """Malformed input (INVALID_ARGUMENT)."""
 
 
+class IncompleteUploadError(InvalidRequestError):
+    """An upload stream that ended before its final chunk: cut, cancelled or malformed.
+
+    Answered INVALID_ARGUMENT like any malformed upload, but never counted
+    against its participant as a refused update: a cancel looks the same.
+    """
+
+
 class PreconditionError(RequestRefusedError):
     """Well-formed but not acceptable in the current state (FAILED_PRECONDITION)."""
 

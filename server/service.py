@@ -31,7 +31,7 @@ from fedrl.server.call_context import (
     Context,
     abort,
     acting_as,
-    authenticated_participant,
+    limits_key,
 )
 from fedrl.server.limits import (
     LimitsConfig,
@@ -40,7 +40,8 @@ from fedrl.server.limits import (
     drain,
     with_idle_timeout,
 )
-from fedrl.server.refusals import InvalidRequestError, LimitExceededError
+from fedrl.server.refusals import IncompleteUploadError, InvalidRequestError, LimitExceededError
+from fedrl.server.request_fields import check_pull_model, check_raise_goal
 from fedrl.server.session import (
     ACCEPTED_DELTA_DTYPES,
     Federation,
@@ -55,18 +56,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
 
-ANONYMOUS = ""
-"""Limits key of a plaintext caller that does not say who it is; such callers share it."""
-
 Encoded: TypeAlias = tuple[tpb.TensorListHeader, list[tpb.TensorChunk]]
 
 FULL_MODEL_DTYPES = (tpb.DTYPE_FLOAT32,)
 CODECS = (tpb.CODEC_NONE, tpb.CODEC_ZSTD)
-
-
-def _limits_key(context: Context) -> str:
-    """Whose limits a call counts against: the authenticated caller's."""
-    return authenticated_participant(context) or ANONYMOUS
 
 
 class EncodedModelCache:
@@ -140,7 +133,7 @@ class FederationServicer(pb_grpc.FederationServicer):
         limits.drain): a refusal or a stored answer often comes before the
         client has sent its last chunk.
         """
-        key = _limits_key(context)
+        key = limits_key(context)
         # Dropped if the sender stalls, while handled and while drained.
         messages = with_idle_timeout(requests, self._idle_s, what=what)
         try:
@@ -212,6 +205,7 @@ class FederationServicer(pb_grpc.FederationServicer):
             if not first.HasField("header"):
                 raise InvalidRequestError("an update stream must start with its UpdateHeader")
             header = first.header
+            # Range-checked as it is made (server/request_fields.py), before anything is logged.
             request = _push_request(header, acting_as(context, header.participant_id))
             known = await self._federation.check_push(request)
             if known is not None:
@@ -219,6 +213,9 @@ class FederationServicer(pb_grpc.FederationServicer):
                 return _push_reply(known)
             try:
                 tensors = await self._assemble(header.tensors, messages, "update")
+            except IncompleteUploadError:
+                # Cut or cancelled on the way: no update to judge, nothing to count.
+                raise
             except (DecodeError, InvalidRequestError, LimitExceededError):
                 await self._federation.count_rejection(request.session, request.participant_id)
                 raise
@@ -261,6 +258,12 @@ class FederationServicer(pb_grpc.FederationServicer):
                     f"{header.total_encoded_size} encoded bytes"
                 )
             chunks.append(message.chunk)
+        if not chunks or not chunks[-1].last:
+            # What a cancel or a cut connection looks like from here: grpc ends
+            # the request stream before it marks the call cancelled.
+            raise IncompleteUploadError(
+                f"the {what} stream ended before its final chunk (cut or cancelled)"
+            )
         return await asyncio.to_thread(_decode, assembler, chunks)
 
     def _check_declared_size(self, header: tpb.TensorListHeader, what: str) -> None:
@@ -285,9 +288,10 @@ class FederationServicer(pb_grpc.FederationServicer):
     ) -> AsyncIterator[pb.ModelChunk]:
         with ExitStack() as open_stream:
             try:
-                open_stream.enter_context(self._streams.hold(_limits_key(context)))
+                open_stream.enter_context(self._streams.hold(limits_key(context)))
                 if request.participant_id:
                     acting_as(context, request.participant_id)
+                check_pull_model(request)
                 view = await self._federation.model(
                     request.session, request.version, request.have_version
                 )
@@ -359,7 +363,7 @@ class FederationServicer(pb_grpc.FederationServicer):
         with ExitStack() as open_stream:
             try:
                 # Watches stay open for hours: they count against the stream limit.
-                open_stream.enter_context(self._streams.hold(_limits_key(context)))
+                open_stream.enter_context(self._streams.hold(limits_key(context)))
                 if request.participant_id:
                     acting_as(context, request.participant_id)
                 session = self._federation.session(request.session)
@@ -382,6 +386,7 @@ class FederationServicer(pb_grpc.FederationServicer):
             # The operator may raise a goal without being a participant.
             if request.participant_id:
                 acting_as(context, request.participant_id)
+            check_raise_goal(request)
             return await self._federation.raise_goal(request.session, request.total_episodes)
 
         return await self._guard(context, call)

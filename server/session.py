@@ -38,6 +38,7 @@ from fedrl.common.identity import safe_dirname, validate_participant_id
 from fedrl.common.spec import spec_difference, spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
+from fedrl.server import quarantine
 from fedrl.server.aggregation import Strategy, make_strategy, update_weight
 from fedrl.server.aggregator import (
     Aggregator,
@@ -48,6 +49,7 @@ from fedrl.server.aggregator import (
 )
 from fedrl.server.config import ServerConfig
 from fedrl.server.model_store import ModelStore
+from fedrl.server.norm_bound import NormBound, l2_norm
 from fedrl.server.refusals import (
     AlreadyExistsError,
     InvalidRequestError,
@@ -56,6 +58,7 @@ from fedrl.server.refusals import (
     PreconditionError,
     RequestRefusedError,
 )
+from fedrl.server.request_fields import check_update_fields
 from fedrl.server.state_db import (
     AckBatcher,
     AckRow,
@@ -65,7 +68,7 @@ from fedrl.server.state_db import (
     goal_state,
     write_json_atomically,
 )
-from fedrl.server.update_log import LoggedUpdate, UpdateLog
+from fedrl.server.update_log import LoggedUpdate, UnreadableRecord, UpdateLog, record_payload
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +95,17 @@ class PushRequest:
     samples: int
     spec_hash: str
     metrics: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Out-of-range numbers never make a request: nothing downstream must re-check them."""
+        check_update_fields(
+            sequence=self.sequence,
+            samples=self.samples,
+            episodes=self.episodes,
+            env_steps=self.env_steps,
+            base_version=self.base_version,
+            metrics=self.metrics,
+        )
 
 
 @dataclass(frozen=True)
@@ -148,6 +162,7 @@ class Session:
     append_floors: dict[object, int] = field(default_factory=dict)
     """For each push between its log append and the buffer: the log's last LSN before it."""
     in_flight: dict[tuple[str, int], asyncio.Future[PushResult]] = field(default_factory=dict)
+    norm_bound: NormBound = field(default_factory=lambda: NormBound(factor=0.0))
 
     @property
     def goal(self) -> pb.GoalState:
@@ -310,16 +325,13 @@ class Federation:
         session = self.session(request.session)
         pid = self._member(session, request.participant_id)
         self._check_hash(session, request.spec_hash)
-        if request.sequence <= 0:
-            raise InvalidRequestError("sequence numbers start at 1")
-        if request.samples <= 0:
-            raise InvalidRequestError("samples must be positive: an update trained on nothing")
-        for metric, value in request.metrics.items():
-            if not math.isfinite(value):
-                raise InvalidRequestError(f"metric {metric} is {value}; metrics must be finite")
+        # Its numbers were range-checked when it was made (PushRequest.__post_init__).
         pending = session.in_flight.get((pid, request.sequence))
         if pending is not None:
-            return _as_duplicate(await asyncio.shield(pending))
+            # A twin still on its way: its answer, counted like any repeated push.
+            answer = _as_duplicate(await asyncio.shield(pending))
+            await self._count_duplicate(session, pid)
+            return answer
         if request.sequence <= session.last_sequences.get(pid, 0):
             return await self._stored_answer(session, pid, request.sequence)
         if session.aggregator.current_version < 0:
@@ -372,9 +384,12 @@ class Federation:
     ) -> PushResult:
         try:
             # A pass or two over every value: off the event loop, like the decoding.
-            checked = await asyncio.to_thread(
+            checked, norm = await asyncio.to_thread(
                 check_update, session.spec, tensors, max_norm=self.config.max_update_norm
             )
+            snapshot = session.aggregator.snapshot
+            if snapshot is not None:
+                session.norm_bound.check(norm, version=snapshot.version, model=snapshot.tensors)
             staleness = self._staleness(session, request.base_version)
         except RequestRefusedError:
             await self.count_rejection(session.name, pid)
@@ -402,10 +417,17 @@ class Federation:
         )
         # Shielded: a client that hangs up must not stop an update between
         # the log and the buffer, or it would be acknowledged but not applied.
-        return await asyncio.shield(self._log_and_queue(session, pid, request.sequence, append))
+        return await asyncio.shield(
+            self._log_and_queue(session, pid, request.sequence, append, norm)
+        )
 
     async def _log_and_queue(
-        self, session: Session, pid: str, sequence: int, append: Callable[[], LoggedUpdate]
+        self,
+        session: Session,
+        pid: str,
+        sequence: int,
+        append: Callable[[], LoggedUpdate],
+        norm: float,
     ) -> PushResult:
         # Until this update is in the buffer, the log must keep every record
         # above the LSN it had before the append (see discard_watermark).
@@ -418,6 +440,7 @@ class Federation:
                 # Acknowledged before, through another record: answer as then.
                 return await self._stored_answer(session, pid, sequence)
             session.aggregator.submit(logged)
+            session.norm_bound.accepted(norm)
         finally:
             del session.append_floors[token]
         return _result_from_ack(stored, duplicate=False)
@@ -482,9 +505,12 @@ class Federation:
                 f"sequence {sequence} is below the last acknowledged {last} and was never "
                 "acknowledged; sequence numbers must increase"
             )
+        await self._count_duplicate(session, pid)
+        return _result_from_ack(ack, duplicate=True)
+
+    async def _count_duplicate(self, session: Session, pid: str) -> None:
         now = now_ms()
         await self._db(lambda db: db.count_duplicate(session.name, pid, now))
-        return _result_from_ack(ack, duplicate=True)
 
     def _staleness(self, session: Session, base_version: int) -> int:
         current = session.aggregator.current_version
@@ -599,8 +625,8 @@ class Federation:
     def _check_hash(self, session: Session, claimed_hash: str) -> None:
         if claimed_hash != session.spec_hash:
             raise PreconditionError(
-                f"spec_hash {claimed_hash or '(empty)'} differs from session "
-                f"{session.name!r}'s {session.spec_hash}; Join again with the session's model"
+                f"spec_hash {claimed_hash or '(empty)'} differs from the spec hash of session "
+                f"{session.name!r} ({session.spec_hash}); Join again with the session's model"
             )
 
     async def _create(self, name: str, spec: tpb.ModelSpec, digest: str) -> Session:
@@ -645,6 +671,7 @@ class Federation:
             metrics_path=self.config.data_dir / METRICS_FILE,
             on_version=lambda version: self._on_version(row.name),
             discard_watermark=lambda: self.discard_watermark(row.name),
+            set_aside=lambda update, reason: self.quarantine(row.name, update, reason),
             snapshot=snapshot,
             best_version=best[0] if best else -1,
         )
@@ -660,17 +687,74 @@ class Federation:
             last_sequences=await self._db(lambda db: db.last_sequences(row.name)),
             participants=set(participants),
             active={pid for pid, status in participants.items() if status == "active"},
+            norm_bound=NormBound(factor=self.config.update_norm_factor),
         )
         self._sessions[row.name] = session
         replayed = 0
-        for update in await asyncio.to_thread(lambda: list(update_log.replay(0))):
-            if await self._still_pending(session, update):
-                session.aggregator.submit(update)
+        for record in await asyncio.to_thread(lambda: list(update_log.replay_records(0))):
+            check = functools.partial(StateDB.is_quarantined, session=row.name, lsn=record.lsn)
+            if await self._db(check):
+                continue
+            if isinstance(record, UnreadableRecord):
+                await self.quarantine(session.name, record, record.reason)
+                continue
+            try:
+                pending = await self._still_pending(session, record)
+            except Exception as exc:
+                # Recovery never dies on a record: this one is set aside, the server starts.
+                await self.quarantine(session.name, record, f"cannot be acknowledged: {exc!r}")
+                continue
+            if pending:
+                session.aggregator.submit(record)
                 replayed += 1
         if replayed:
             log.info("session %r: %d logged updates back in the buffer", row.name, replayed)
         session.aggregator.start()
         return session
+
+    async def quarantine(
+        self, session_name: str, record: LoggedUpdate | UnreadableRecord, reason: str
+    ) -> None:
+        """Set a logged record aside for good (server/quarantine.py): kept, logged, counted."""
+        if isinstance(record, UnreadableRecord):
+            payload, participant_id, sequence = record.payload, "", 0
+        else:
+            payload = record_payload(record)
+            participant_id, sequence = record.participant_id, record.sequence
+        directory = self.config.data_dir / SESSIONS_DIR / safe_dirname(session_name)
+        note = {
+            "session": session_name,
+            "participant_id": participant_id,
+            "sequence": sequence,
+            "reason": reason,
+            "quarantined_unix_ms": now_ms(),
+        }
+        path = await asyncio.to_thread(
+            quarantine.keep, directory / quarantine.QUARANTINE_DIR, record.lsn, payload, note
+        )
+        file = str(path.relative_to(self.config.data_dir))
+        now = now_ms()
+        await self._db(
+            lambda db: db.quarantine(
+                session_name,
+                lsn=record.lsn,
+                participant_id=participant_id,
+                sequence=sequence,
+                reason=reason,
+                now_ms=now,
+                file=file,
+            )
+        )
+        log.error(
+            "session %r: update %d (participant %r, sequence %d) quarantined in %s: %s",
+            session_name,
+            record.lsn,
+            participant_id,
+            sequence,
+            file,
+            reason,
+        )
+        self._global_state_changed()
 
     async def discard_watermark(self, session_name: str) -> int:
         """Highest LSN through which the update log may be trimmed.
@@ -746,6 +830,7 @@ def check_spec(spec: tpb.ModelSpec, *, max_model_bytes: int) -> None:
     names = [t.name for t in spec.tensors]
     if len(set(names)) != len(names) or not all(names):
         raise InvalidRequestError("model spec tensor names must be non-empty and unique")
+    _check_bounds(spec.observation_space, "observation_space")
     total = 0
     for tensor in spec.tensors:
         if tensor.dtype not in ACCEPTED_DELTA_DTYPES:
@@ -763,6 +848,25 @@ def check_spec(spec: tpb.ModelSpec, *, max_model_bytes: int) -> None:
             f"the model is {total} bytes as float32, above this server's limit of "
             f"{max_model_bytes} (--max-model-bytes)"
         )
+
+
+def _check_bounds(space: tpb.SpaceSpec, what: str) -> None:
+    """Box bounds the experience validation can hold observations to: none, or one per element."""
+    if any(dim < 0 for dim in space.shape):
+        raise InvalidRequestError(f"{what}.shape {list(space.shape)} has a negative dimension")
+    if not space.low and not space.high:
+        return
+    size = math.prod(space.shape)
+    if len(space.low) != size or len(space.high) != size:
+        raise InvalidRequestError(
+            f"{what} has {len(space.low)} low and {len(space.high)} high bounds; "
+            f"its shape {list(space.shape)} needs {size} of each (or none)"
+        )
+    for index, (low, high) in enumerate(zip(space.low, space.high, strict=True)):
+        if not low <= high:
+            raise InvalidRequestError(
+                f"{what} bound {index} is low {low}, high {high}; bounds need low <= high"
+            )
 
 
 def check_tensors(spec: tpb.ModelSpec, tensors: NamedTensors, *, what: str) -> NamedTensors:
@@ -792,23 +896,24 @@ def check_tensors(spec: tpb.ModelSpec, tensors: NamedTensors, *, what: str) -> N
     return checked
 
 
-def check_update(spec: tpb.ModelSpec, tensors: NamedTensors, *, max_norm: float) -> NamedTensors:
-    """check_tensors, then check_norm: an update the session can take, as float32."""
+def check_update(
+    spec: tpb.ModelSpec, tensors: NamedTensors, *, max_norm: float
+) -> tuple[NamedTensors, float]:
+    """check_tensors, then check_norm: an update the session can take, as float32, and its norm."""
     checked = check_tensors(spec, tensors, what="update")
-    check_norm(checked, max_norm=max_norm)
-    return checked
+    norm = l2_norm([tensor for _, tensor in checked])
+    check_norm(norm, max_norm=max_norm)
+    return checked, norm
 
 
-def check_norm(tensors: NamedTensors, *, max_norm: float) -> None:
-    """Refuse an update whose global L2 norm is above max_norm (0: no bound).
+def check_norm(norm: float, *, max_norm: float) -> None:
+    """Refuse an update whose global L2 norm is above max_norm (0: no absolute bound).
 
     Clipping (--clip-norm) shrinks such an update and still applies it; a
     bound refuses it, for groups whose members need not trust each other.
+    The relative bound (server/norm_bound.py) applies besides this one.
     """
-    if max_norm <= 0:
-        return
-    norm = math.sqrt(sum(float(np.vdot(t, t)) for _, t in tensors))
-    if norm > max_norm:
+    if max_norm > 0 and norm > max_norm:
         raise InvalidRequestError(
             f"update norm {norm:.6g} exceeds this server's bound of {max_norm:g} "
             "(--max-update-norm); check the learning rate, or sync more often"

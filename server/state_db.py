@@ -34,6 +34,12 @@ from fedrl.server.experience_store import last_acknowledged, participant_counts
 
 SCHEMA_VERSION = 1
 
+QUARANTINED = -1
+"""acks.applied_version of an acknowledged update set aside instead of applied."""
+
+INT64_MAX = (1 << 63) - 1
+"""SQLite's largest INTEGER: where the episode and step totals stop (saturate)."""
+
 T = TypeVar("T")
 
 # Other connections write this file too (the experience store's tables); a
@@ -101,7 +107,18 @@ CREATE TABLE IF NOT EXISTS acks (
     PRIMARY KEY (session, participant_id, sequence)
 );
 CREATE INDEX IF NOT EXISTS acks_by_lsn ON acks (session, lsn);
+CREATE TABLE IF NOT EXISTS quarantined (
+    session TEXT NOT NULL REFERENCES sessions(name),
+    lsn INTEGER NOT NULL,
+    participant_id TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    quarantined_ms INTEGER NOT NULL,
+    file TEXT NOT NULL,
+    PRIMARY KEY (session, lsn)
+);
 """
+# quarantined came after schema version 1 shipped; CREATE TABLE IF NOT EXISTS
+# adds it to an older database as it opens, so the version need not change.
 
 
 @dataclass(frozen=True)
@@ -138,7 +155,8 @@ class AckRow:
     base_eval_return: float | None = None
     """Evaluation return of the base version, credited to that version's row."""
     applied_version: int | None = None
-    """The version this update was folded into; None while it waits in the buffer."""
+    """The version this update was folded into; None while it waits in the buffer,
+    QUARANTINED once it was set aside (never applied; see server/quarantine.py)."""
 
 
 @dataclass(frozen=True)
@@ -346,6 +364,57 @@ class StateDB:
         with self._transaction() as db:
             return [_insert_ack(db, ack) for ack in acks]
 
+    # Updates set aside (server/quarantine.py).
+
+    def quarantine(
+        self,
+        session: str,
+        *,
+        lsn: int,
+        participant_id: str,
+        sequence: int,
+        reason: str,
+        now_ms: int,
+        file: str,
+    ) -> None:
+        """Record a quarantined log record; its ack, if any, is no longer waiting to be applied."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO quarantined "
+                "(session, lsn, participant_id, reason, quarantined_ms, file) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (session, lsn, participant_id, reason, now_ms, file),
+            )
+            # A record written before the range checks may hold a sequence no
+            # ack row can: then there is no ack row to mark either.
+            if 0 <= sequence <= INT64_MAX:
+                db.execute(
+                    "UPDATE acks SET applied_version=? WHERE session=? AND participant_id=? "
+                    "AND sequence=? AND lsn=? AND applied_version IS NULL",
+                    (QUARANTINED, session, participant_id, sequence, lsn),
+                )
+
+    def is_quarantined(self, session: str, lsn: int) -> bool:
+        row = self._conn.execute(
+            "SELECT 1 FROM quarantined WHERE session=? AND lsn=?", (session, lsn)
+        ).fetchone()
+        return row is not None
+
+    def _quarantined_count(self, session: str) -> int:
+        if not self._has_table("quarantined"):
+            # A read-only view of a database no newer server has opened yet.
+            return 0
+        (count,) = self._conn.execute(
+            "SELECT COUNT(*) FROM quarantined WHERE session=?", (session,)
+        ).fetchone()
+        return int(count)
+
+    def _has_table(self, name: str) -> bool:
+        row = self._conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)
+        ).fetchone()
+        return row is not None
+
     # Versions.
 
     def commit_version(self, row: VersionRow, applied: Iterable[tuple[str, int]]) -> None:
@@ -432,6 +501,7 @@ class StateDB:
             current_version=latest.version if latest else -1,
             best_version=-1,
             config=config,
+            updates_quarantined=self._quarantined_count(row.name),
         )
         best = self.best_version(row.name)
         if best is not None:
@@ -520,26 +590,28 @@ def _insert_ack(db: sqlite3.Connection, ack: AckRow) -> AckRow | None:
     ).rowcount
     if not inserted:
         return None
+    # Totals saturate at INT64_MAX (see _SATURATED_SUM): a sum past it would
+    # make SQLite store a float, and the goal arithmetic would stop being exact.
     db.execute(
-        "UPDATE participants SET episodes=episodes+?, env_steps=env_steps+?, "
-        "updates_accepted=updates_accepted+1, last_seen_ms=MAX(last_seen_ms, ?), "
-        "best_eval_return=CASE WHEN ? IS NULL THEN best_eval_return "
-        "WHEN best_eval_return IS NULL OR ? > best_eval_return THEN ? "
+        f"UPDATE participants SET episodes={_saturated_sum('episodes', 1)}, "
+        f"env_steps={_saturated_sum('env_steps', 2)}, "
+        "updates_accepted=updates_accepted+1, last_seen_ms=MAX(last_seen_ms, ?3), "
+        "best_eval_return=CASE WHEN ?4 IS NULL THEN best_eval_return "
+        "WHEN best_eval_return IS NULL OR ?4 > best_eval_return THEN ?4 "
         "ELSE best_eval_return END "
-        "WHERE session=? AND participant_id=?",
+        "WHERE session=?5 AND participant_id=?6",
         (
             ack.episodes,
             ack.env_steps,
             ack.received_ms,
-            ack.eval_return,
-            ack.eval_return,
             ack.eval_return,
             ack.session,
             ack.participant_id,
         ),
     )
     db.execute(
-        "UPDATE sessions SET episodes_done=episodes_done+?, env_steps=env_steps+? WHERE name=?",
+        f"UPDATE sessions SET episodes_done={_saturated_sum('episodes_done', 1)}, "
+        f"env_steps={_saturated_sum('env_steps', 2)} WHERE name=?3",
         (ack.episodes, ack.env_steps, ack.session),
     )
     if ack.base_eval_return is not None:
@@ -557,6 +629,18 @@ def _insert_ack(db: sqlite3.Connection, ack: AckRow) -> AckRow | None:
         (total, done, ack.session, ack.participant_id, ack.sequence),
     )
     return dataclasses.replace(ack, goal_total=total, goal_done=done)
+
+
+def _saturated_sum(column: str, parameter: int) -> str:
+    """SQL for `column + ?parameter`, saturating at INT64_MAX instead of overflowing.
+
+    Both terms are at most INT64_MAX (request_fields checks every count
+    before it is logged), so INT64_MAX - ?parameter cannot overflow either.
+    """
+    return (
+        f"CASE WHEN {column} > {INT64_MAX} - ?{parameter} THEN {INT64_MAX} "
+        f"ELSE {column} + ?{parameter} END"
+    )
 
 
 def write_json_atomically(path: Path, reply: pb.StatusReply) -> None:

@@ -133,6 +133,42 @@ class LoggedUpdate:
         return self.base_version + self.staleness
 
 
+@dataclass(frozen=True)
+class UnreadableRecord:
+    """A record whose frame is intact (CRC) but whose payload does not decode."""
+
+    lsn: int
+    payload: bytes
+    reason: str
+
+
+def _readable(records: Iterator[LoggedUpdate | UnreadableRecord]) -> Iterator[LoggedUpdate]:
+    for record in records:
+        if isinstance(record, UnreadableRecord):
+            raise CorruptLogError(record.reason)
+        yield record
+
+
+def record_payload(update: LoggedUpdate) -> bytes:
+    """The payload the log stores for `update` (the module docstring's layout)."""
+    return _encode_payload(
+        session=update.session.encode("utf-8", "surrogatepass"),
+        participant_id=update.participant_id.encode("utf-8", "surrogatepass"),
+        fixed=_FIXED.pack(
+            update.base_version,
+            update.sequence,
+            update.samples,
+            update.env_steps,
+            update.episodes,
+            update.weight,
+            update.staleness,
+            update.received_unix_ms,
+        ),
+        metrics=update.metrics,
+        tensors=update.tensors,
+    )
+
+
 @dataclass
 class _Segment:
     first_lsn: int
@@ -275,9 +311,15 @@ class UpdateLog:
     def replay(self, after_lsn: int) -> Iterator[LoggedUpdate]:
         """Durable records with lsn > after_lsn, in LSN order, as of this call.
 
-        Records already discarded are gone; a record damaged since open raises
-        CorruptLogError rather than being yielded.
+        Records already discarded are gone; a record damaged since open, or
+        one whose intact frame does not decode, raises CorruptLogError rather
+        than being yielded.
         """
+        return _readable(self.replay_records(after_lsn))
+
+    def replay_records(self, after_lsn: int) -> Iterator[LoggedUpdate | UnreadableRecord]:
+        """As replay, but a frame that passes its CRC and does not decode comes as an
+        UnreadableRecord (its bytes and why), so recovery can set it aside and go on."""
         with self._lock:
             self._check_open()
             last = self._last_lsn
@@ -423,7 +465,7 @@ class UpdateLog:
 
     def _replay(
         self, segments: list[_Segment], after_lsn: int, last_lsn: int
-    ) -> Iterator[LoggedUpdate]:
+    ) -> Iterator[LoggedUpdate | UnreadableRecord]:
         for segment in segments:
             try:
                 file = open(segment.path, "rb")  # noqa: SIM115 - closed below, across yields
@@ -438,7 +480,10 @@ class UpdateLog:
                     if payload is None:
                         break
                     if lsn > after_lsn:
-                        yield _decode_payload(payload, lsn, segment.path)
+                        try:
+                            yield _decode_payload(payload, lsn, segment.path)
+                        except CorruptLogError as error:
+                            yield UnreadableRecord(lsn, payload, str(error))
                     lsn += 1
 
     def _recover(self) -> tuple[list[_Segment], int]:

@@ -70,7 +70,9 @@ def test_pushes_of_strangers_and_to_unknown_sessions_are_refused(tmp_path: Path)
             await exchange.check_push("default", "mallory", 1)
         with pytest.raises(NotFoundError, match="no session named 'other'"):
             await exchange.push("other", "alice", 1, make_batch(10))
-        with pytest.raises(InvalidRequestError, match="start at 1"):
+        with pytest.raises(
+            InvalidRequestError, match=r"ExperienceHeader\.sequence is 0; it must lie in 1"
+        ):
             await exchange.check_push("default", "alice", 0)
 
     run(tmp_path, scenario)
@@ -88,17 +90,17 @@ def test_an_invalid_batch_is_refused_with_its_reason_and_counted(tmp_path: Path)
     assert run(tmp_path, scenario) == 0
 
 
-def test_a_budget_below_one_batch_gets_its_first_rows(tmp_path: Path) -> None:
+def test_a_budget_below_one_batch_gets_the_whole_batch(tmp_path: Path) -> None:
     batch = make_batch(40, seed=3)
 
     async def scenario(exchange: ExperienceExchange) -> tuple[int, int]:
         await exchange.push("default", "alice", 1, batch)
         pulled, cursor = await exchange.pull("default", "bob", cursor=0, max_transitions=15)
         got = decode_batch(pulled[0].header, pulled[0].block, pulled[0].data)
-        assert_same_batch(got, batch.select(slice(0, 15)))
+        assert_same_batch(got, batch)
         return len(got.action), cursor
 
-    assert run(tmp_path, scenario) == (15, 1)
+    assert run(tmp_path, scenario) == (40, 1)
 
 
 def test_a_batch_asked_for_uncompressed_carries_the_same_rows(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from fedrl.common.experience import BatchAssembler, ExperienceBatch, batch_messa
 from fedrl.proto.v1 import experience_pb2 as pb
 from fedrl.proto.v1 import experience_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
+from fedrl.server.limits import LimitsConfig
 from tests.support.experience import (
     CONFIG,
     Server,
@@ -222,7 +223,7 @@ def test_a_participant_who_never_joined_may_not_push(
     assert "Join first" in refused.value.details()
 
 
-def test_a_budget_below_one_batch_gets_that_batch_cut_to_the_budget(
+def test_a_budget_below_one_batch_gets_that_batch_whole_so_no_row_is_skipped(
     exchange: pb_grpc.ExperienceExchangeStub,
 ) -> None:
     batch = make_batch(500)
@@ -230,10 +231,10 @@ def test_a_budget_below_one_batch_gets_that_batch_cut_to_the_budget(
 
     received, end = pull(exchange, "bob", budget=120)
 
-    assert len(received) == 1 and len(received[0][1]) == 120
-    assert_same_batch(received[0][1], batch.select(slice(0, 120)))
-    assert end.transitions_sent == 120
-    rest, _ = pull(exchange, "bob", cursor=end.next_cursor)
+    assert len(received) == 1
+    assert_same_batch(received[0][1], batch)
+    assert end.transitions_sent == 500
+    rest, _ = pull(exchange, "bob", cursor=end.next_cursor, budget=120)
     assert [h.sequence for h, _ in rest] == [2]
 
 
@@ -322,7 +323,8 @@ def test_a_batch_declaring_more_than_the_server_accepts_is_refused_before_its_da
 
 def test_a_push_that_stalls_mid_batch_is_dropped(tmp_path: Path) -> None:
     server = Server(
-        tmp_path / "data", dataclasses.replace(CONFIG, stream_idle_timeout_s=0.3)
+        tmp_path / "data",
+        dataclasses.replace(CONFIG, limits=LimitsConfig(stream_idle_timeout_s=0.3)),
     ).start()
     try:
         federation, stub = server.stubs()
@@ -387,3 +389,58 @@ def test_a_batch_in_the_former_per_column_format_is_refused_with_the_reason(
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "column_specs is empty" in refused.details()
     assert pull(exchange, "bob")[0] == []
+
+
+def limited_server(tmp_path: Path, **limits: Any) -> tuple[Server, pb_grpc.ExperienceExchangeStub]:
+    config = dataclasses.replace(CONFIG, limits=LimitsConfig(**limits))
+    server = Server(tmp_path / "data", config).start()
+    federation, experience = server.stubs()
+    for pid in ("alice", "bob"):
+        join(federation, pid, cartpole_spec())
+    return server, experience
+
+
+def test_experience_pushes_past_the_rate_limit_are_throttled_per_participant(
+    tmp_path: Path,
+) -> None:
+    server, exchange = limited_server(tmp_path, push_rate_per_s=0.01, push_burst=2)
+    try:
+        push(exchange, "alice", (1, make_batch(5)))
+        push(exchange, "alice", (2, make_batch(5, seed=2)))
+        with pytest.raises(grpc.RpcError) as throttled:
+            push(exchange, "alice", (3, make_batch(5, seed=3)))
+        others = push(exchange, "bob", (1, make_batch(5)))
+    finally:
+        server.stop()
+
+    assert throttled.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "experience push rate limit" in throttled.value.details()
+    assert [ack.sequence for ack in others.acks] == [1]
+
+
+def test_experience_streams_past_the_limit_are_refused(tmp_path: Path) -> None:
+    server, exchange = limited_server(tmp_path, max_streams_per_participant=1)
+    release = threading.Event()
+    header, *chunks = batch_messages(
+        make_batch(5), session="default", participant_id="alice", sequence=1
+    )
+
+    def held_open() -> Iterator[pb.ExperienceChunk]:
+        yield header
+        release.wait(30)
+        yield from chunks
+
+    try:
+        first = exchange.PushExperience.future(held_open(), metadata=metadata("alice"))
+        with pytest.raises(grpc.RpcError) as refused:
+            # Pulls count against the same limit; the push above holds the one slot.
+            for _ in range(50):
+                pull(exchange, "alice")
+        release.set()
+        assert [ack.sequence for ack in first.result(timeout=30).acks] == [1]
+    finally:
+        release.set()
+        server.stop()
+
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "stream limit" in refused.value.details()

@@ -67,6 +67,9 @@ async def run_session(tmp_path: Path, store: ModelStore, values: list[float]) ->
     async def watermark() -> int:
         return 0
 
+    async def set_aside(update: LoggedUpdate, reason: str) -> None:
+        raise AssertionError(f"update {update.lsn} set aside: {reason}")
+
     aggregator = Aggregator(
         session=SESSION,
         names=["t0"],
@@ -85,6 +88,7 @@ async def run_session(tmp_path: Path, store: ModelStore, values: list[float]) ->
         metrics_path=tmp_path / "metrics.jsonl",
         on_version=on_version,
         discard_watermark=watermark,
+        set_aside=set_aside,
     )
     aggregator.start()
     try:

@@ -50,6 +50,8 @@ def make_batch(
     """rows valid transitions: trajectories where next_obs[i] is obs[i + 1] within an episode."""
     rng = np.random.default_rng(seed)
     states = rng.normal(0.0, 0.5, size=(rows + 1, *OBS_SHAPE)).astype(np.float32)
+    # Within the spec's Box: the pole angle's bound is 0.418.
+    states[:, 2] = np.clip(states[:, 2], -0.4, 0.4)
     terminated = rng.random(rows) < 0.05
     truncated = ~terminated & (rng.random(rows) < 0.01)
     steps = rng.integers(1, n_step + 1, size=rows)

@@ -136,9 +136,10 @@ def update_messages(
     session: str = "default",
     dtype: int | None = None,
     metrics: pb.UpdateMetrics | None = None,
+    chunk_bytes: int = 1 << 20,
 ) -> list[pb.UpdateChunk]:
     """The messages of one PushUpdate stream."""
-    list_header, chunks = chunk_tensors(named(spec, delta), dtype=dtype)
+    list_header, chunks = chunk_tensors(named(spec, delta), dtype=dtype, chunk_bytes=chunk_bytes)
     header = pb.UpdateHeader(
         session=session,
         participant_id=participant_id,

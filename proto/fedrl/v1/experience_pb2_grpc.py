@@ -61,7 +61,8 @@ class ExperienceExchangeServicer:
 
     def PullExperience(self, request, context):
         """Other participants' batches stored after a cursor, up to a budget of
-        transitions; never the caller's own.
+        transitions; never the caller's own. Batches come whole: a first batch
+        larger than the budget comes alone, so no row is ever skipped.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -268,7 +268,7 @@ class VersionState(_message.Message):
     def __init__(self, version: _Optional[int] = ..., parent: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., contributors: _Optional[_Iterable[str]] = ..., max_staleness: _Optional[int] = ..., eval_return: _Optional[float] = ..., mean_return: _Optional[float] = ..., checkpoint: _Optional[str] = ...) -> None: ...
 
 class SessionState(_message.Message):
-    __slots__ = ("session", "spec_hash", "env_id", "goal", "env_steps", "current_version", "best_eval_return", "best_version", "best_checkpoint", "active_participants", "participants", "versions", "config")
+    __slots__ = ("session", "spec_hash", "env_id", "goal", "env_steps", "current_version", "best_eval_return", "best_version", "best_checkpoint", "active_participants", "participants", "versions", "config", "updates_quarantined")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +282,7 @@ class SessionState(_message.Message):
     PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     session: str
     spec_hash: str
     env_id: str
@@ -295,7 +296,8 @@ class SessionState(_message.Message):
     participants: _containers.RepeatedCompositeFieldContainer[ParticipantState]
     versions: _containers.RepeatedCompositeFieldContainer[VersionState]
     config: SessionConfig
-    def __init__(self, session: _Optional[str] = ..., spec_hash: _Optional[str] = ..., env_id: _Optional[str] = ..., goal: _Optional[_Union[GoalState, _Mapping]] = ..., env_steps: _Optional[int] = ..., current_version: _Optional[int] = ..., best_eval_return: _Optional[float] = ..., best_version: _Optional[int] = ..., best_checkpoint: _Optional[str] = ..., active_participants: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[ParticipantState, _Mapping]]] = ..., versions: _Optional[_Iterable[_Union[VersionState, _Mapping]]] = ..., config: _Optional[_Union[SessionConfig, _Mapping]] = ...) -> None: ...
+    updates_quarantined: int
+    def __init__(self, session: _Optional[str] = ..., spec_hash: _Optional[str] = ..., env_id: _Optional[str] = ..., goal: _Optional[_Union[GoalState, _Mapping]] = ..., env_steps: _Optional[int] = ..., current_version: _Optional[int] = ..., best_eval_return: _Optional[float] = ..., best_version: _Optional[int] = ..., best_checkpoint: _Optional[str] = ..., active_participants: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[ParticipantState, _Mapping]]] = ..., versions: _Optional[_Iterable[_Union[VersionState, _Mapping]]] = ..., config: _Optional[_Union[SessionConfig, _Mapping]] = ..., updates_quarantined: _Optional[int] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("sessions", "server_time_unix_ms")
