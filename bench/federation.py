@@ -112,7 +112,7 @@ from fedrl.client.training.engine import EngineConfig, PollResult, TrainingEngin
 from fedrl.client.training.evaluation import Evaluator
 from fedrl.client.training.learner import TARGET_AT_ADOPTION, LearnerConfig, TargetAtAdoption
 from fedrl.client.training.q_network import architecture_name, load_named_arrays
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
@@ -266,7 +266,7 @@ class RecordingReplay:
     def __len__(self) -> int:
         return len(self.mixed)
 
-    def add(self, batch: TransitionBatch, *, foreign: bool = False) -> None:
+    def add(self, batch: LearnerTransitions, *, foreign: bool = False) -> None:
         if not foreign:
             self._exchange.record(batch)
         self.mixed.add(batch, foreign=foreign)

@@ -30,13 +30,13 @@ from fedrl.client.federation.experience_exchange import (
 from fedrl.client.federation.outbox import Entry, Outbox
 from fedrl.client.training.learner import Learner, LearnerConfig
 from fedrl.client.training.replay import PrioritizedReplay
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.experience import BatchAssembler
 
 OBS = (4,)
 
 
-def _transitions(rows: int, seed: int = 0) -> TransitionBatch:
+def _transitions(rows: int, seed: int = 0) -> LearnerTransitions:
     return to_transitions(make_batch(rows, seed=seed))
 
 
@@ -74,7 +74,7 @@ def test_unsent_transitions_hand_out_every_new_row_once_in_arrival_order() -> No
     again = unsent.take()
 
     assert taken is not None and again is None and len(unsent) == 0
-    joined = TransitionBatch.concat([first, second])
+    joined = LearnerTransitions.concat([first, second])
     for name in ("obs", "action", "reward", "next_obs", "discount"):
         np.testing.assert_array_equal(getattr(taken, name), getattr(joined, name), err_msg=name)
 
@@ -87,7 +87,7 @@ def test_unsent_transitions_past_capacity_keep_the_newest_in_order() -> None:
 
     taken = unsent.take()
 
-    newest = TransitionBatch.concat(batches).obs[-50:]
+    newest = LearnerTransitions.concat(batches).obs[-50:]
     assert taken is not None
     np.testing.assert_array_equal(taken.obs, newest)
 

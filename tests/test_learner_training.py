@@ -13,7 +13,7 @@ import torch
 
 from fedrl.client.training.learner import Learner, LearnerConfig, resolve_device
 from fedrl.client.training.replay import PrioritizedReplay
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 
 # A deterministic chain: states 0..3 (one-hot). "right" (action 0) moves to the
 # next state; from state 3 it ends the episode with reward 1. "quit" (action 1)
@@ -47,7 +47,7 @@ def _one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-def _chain_transitions(copies: int) -> TransitionBatch:
+def _chain_transitions(copies: int) -> LearnerTransitions:
     eye = np.eye(CHAIN, dtype=np.float32)
     rows = []
     for s in range(CHAIN):
@@ -58,7 +58,7 @@ def _chain_transitions(copies: int) -> TransitionBatch:
         )
         rows.append((eye[s], 1, 0.1, eye[s], 0.0))
     obs, action, reward, next_obs, discount = zip(*(rows * copies), strict=True)
-    return TransitionBatch(
+    return LearnerTransitions(
         obs=np.stack(obs),
         action=np.array(action, dtype=np.int64),
         reward=np.array(reward, dtype=np.float32),

@@ -26,7 +26,7 @@ from fedrl.client.commands.state_dir import Autosaver, ModelIdentity, StateDir, 
 from fedrl.client.commands.system_check import check_command
 from fedrl.client.federation.channel import ChannelSecurityError
 from fedrl.client.federation.experience_exchange import mixed_replay
-from fedrl.client.federation.federation_client import FederationClient, FederationError
+from fedrl.client.federation.federation_client import FederationClient, ServerCallError
 from fedrl.client.federation.sync import SyncError, SyncLoop, model_spec
 from fedrl.client.training.engine import Counters, PollResult, TrainingEngine
 from fedrl.client.training.q_network import architecture_name
@@ -69,7 +69,7 @@ def main(ctx: click.Context, /, config: TrainConfig) -> None:
             train_offline(config)
         else:
             train_federated(resolve_participant_id(config))
-    except (ValueError, StateError, SyncError, FederationError, TlsMaterialError) as exc:
+    except (ValueError, StateError, SyncError, ServerCallError, TlsMaterialError) as exc:
         raise click.ClickException(str(exc)) from exc
 
 

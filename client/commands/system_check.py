@@ -49,7 +49,7 @@ from fedrl.client.federation.channel import ConnectionSecurity, is_loopback_targ
 from fedrl.client.training.engine import EngineConfig, available_cores
 from fedrl.client.training.learner import Learner, LearnerConfig
 from fedrl.client.training.q_network import build_q_network
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.client.training.vector_env import env_shape, make_vector_env
 from fedrl.common.config_cli import doc, section, takes_config
 from fedrl.common.tls import ParticipantBundle
@@ -484,7 +484,7 @@ def probe_updates(
             ),
         )
         learner.add(
-            TransitionBatch(
+            LearnerTransitions(
                 obs=rng.standard_normal((rows, *obs_shape)).astype(np.float32),
                 action=rng.integers(n_actions, size=rows),
                 reward=rng.standard_normal(rows).astype(np.float32),

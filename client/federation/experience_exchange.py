@@ -45,15 +45,15 @@ import grpc
 import numpy as np
 
 from fedrl.client.federation.federation_client import (
-    FederationError,
     RejectedError,
+    ServerCallError,
     Timeouts,
     UnavailableError,
 )
 from fedrl.client.federation.outbox import Entry, Outbox, OutboxError
 from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.replay import PrioritizedReplay, SampledBatch
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.chunking import DEFAULT_CHUNK_BYTES, DecodeLimits
 from fedrl.common.config_cli import doc
 from fedrl.common.errors import DecodeError
@@ -132,11 +132,11 @@ class ExchangeConfig:
 
 
 def to_experience(
-    batch: TransitionBatch, *, n_step: int, gamma: float, spec_hash: str
+    batch: LearnerTransitions, *, n_step: int, gamma: float, spec_hash: str
 ) -> ExperienceBatch:
     """A local batch as an ExperienceBatch.
 
-    A TransitionBatch folds termination into its discount (0.0) and does not
+    A LearnerTransitions folds termination into its discount (0.0) and does not
     keep truncation, which bootstraps like an ongoing episode; so terminated
     is discount == 0 and truncated is False.
     """
@@ -155,9 +155,9 @@ def to_experience(
     )
 
 
-def to_transitions(batch: ExperienceBatch) -> TransitionBatch:
+def to_transitions(batch: ExperienceBatch) -> LearnerTransitions:
     """A pulled batch as learner columns (float32 observations, int64 actions)."""
-    return TransitionBatch(
+    return LearnerTransitions(
         obs=batch.obs.astype(np.float32, copy=False),
         action=batch.action.astype(np.int64, copy=False),
         reward=batch.reward.astype(np.float32, copy=False),
@@ -195,7 +195,7 @@ class UnsentTransitions:
     def __len__(self) -> int:
         return self._size
 
-    def add(self, batch: TransitionBatch) -> None:
+    def add(self, batch: LearnerTransitions) -> None:
         """Append a (validated) batch, overwriting the oldest unsent rows once full."""
         batch.validate(self._obs_shape)
         skip = max(0, len(batch) - self._capacity)
@@ -205,13 +205,13 @@ class UnsentTransitions:
         self._next = int((self._next + len(batch)) % self._capacity)
         self._size = min(self._capacity, self._size + len(batch))
 
-    def take(self) -> TransitionBatch | None:
+    def take(self) -> LearnerTransitions | None:
         """Every unsent row in arrival order, now counted as sent; None if there is none."""
         if self._size == 0:
             return None
         slots = (self._next - self._size + np.arange(self._size)) % self._capacity
         self._size = 0
-        return TransitionBatch(**{name: column[slots] for name, column in self._columns.items()})
+        return LearnerTransitions(**{name: column[slots] for name, column in self._columns.items()})
 
 
 # The durable outbox.
@@ -374,7 +374,7 @@ class ExperienceClient:
         raise DecodeError("the pull stream ended without its end message")
 
 
-def _translate(exc: grpc.aio.AioRpcError, what: str) -> FederationError:
+def _translate(exc: grpc.aio.AioRpcError, what: str) -> ServerCallError:
     code = exc.code()
     message = f"{what}: {exc.details() or code.name}"
     if code in _REFUSED:
@@ -462,7 +462,7 @@ class MixedReplay:
     def __len__(self) -> int:
         return len(self.local) + len(self.foreign)
 
-    def add(self, batch: TransitionBatch, *, foreign: bool = False) -> None:
+    def add(self, batch: LearnerTransitions, *, foreign: bool = False) -> None:
         (self.foreign if foreign else self.local).add(batch)
 
     def add_pulled(self, batch: ExperienceBatch) -> bool:
@@ -493,7 +493,7 @@ class MixedReplay:
         if foreign:
             parts.append((self.foreign.sample(foreign, beta), self.local.capacity, True))
         return SampledBatch(
-            batch=TransitionBatch.concat([part.batch for part, _, _ in parts]),
+            batch=LearnerTransitions.concat([part.batch for part, _, _ in parts]),
             indices=np.concatenate([part.indices + offset for part, offset, _ in parts]),
             weights=np.concatenate([part.weights for part, _, _ in parts]),
             foreign=np.concatenate([np.full(len(part.indices), flag) for part, _, flag in parts]),
@@ -574,7 +574,7 @@ class ExperienceSync:
 
     # Training thread.
 
-    def record(self, batch: TransitionBatch) -> None:
+    def record(self, batch: LearnerTransitions) -> None:
         if self._enabled:
             self._unsent.add(batch)
 

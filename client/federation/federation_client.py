@@ -65,19 +65,19 @@ _RETRYABLE = frozenset(
 )
 
 
-class FederationError(Exception):
-    """A Federation call failed; `code` is the gRPC status (None for a local check)."""
+class ServerCallError(Exception):
+    """A call to the server failed; `code` is the gRPC status (None for a local check)."""
 
     def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
         super().__init__(message)
         self.code = code
 
 
-class UnavailableError(FederationError):
+class UnavailableError(ServerCallError):
     """The server could not answer now; retry the same request later with backoff."""
 
 
-class RejectedError(FederationError):
+class RejectedError(ServerCallError):
     """The server refused the request; repeating it unchanged cannot succeed."""
 
 
@@ -95,7 +95,7 @@ class AlreadySeededError(RejectedError):
 _THROTTLED = ("rate limit", "stream limit")
 
 
-def _translate(exc: grpc.aio.AioRpcError, what: str) -> FederationError:
+def _translate(exc: grpc.aio.AioRpcError, what: str) -> ServerCallError:
     code = exc.code()
     details = exc.details() or code.name
     message = f"{what}: {details}"

@@ -43,7 +43,7 @@ from fedrl.client.training.learner import Learner, LearnerConfig, TargetAtAdopti
 from fedrl.client.training.q_network import load_named_arrays
 from fedrl.client.training.replay import Replay
 from fedrl.client.training.shm import BoardLayout, RingLayout, TransitionRing, WeightsBoard
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.client.training.vector_env import env_shape, make_vector_env
 from fedrl.common.config_cli import doc
 
@@ -215,7 +215,7 @@ class TrainingEngine:
             config=seeded,
             replay=replay(seeded, self.obs_shape) if replay is not None else None,
         )
-        self._batch_hooks: list[Callable[[TransitionBatch], None]] = []
+        self._batch_hooks: list[Callable[[LearnerTransitions], None]] = []
         self._gamma = learner_config.gamma
         self._hidden, self._dueling = learner_config.hidden, learner_config.dueling
         self._evaluator = (
@@ -444,7 +444,7 @@ class TrainingEngine:
 
     def _take(
         self,
-        batch: TransitionBatch,
+        batch: LearnerTransitions,
         env_steps: int,
         episode_returns: npt.NDArray[np.float64],
         episode_lengths: npt.NDArray[np.int64],
@@ -457,7 +457,7 @@ class TrainingEngine:
         self._episodes += len(episode_returns)
         self._recent.extend(float(r) for r in episode_returns)
 
-    def on_batch(self, hook: Callable[[TransitionBatch], None]) -> None:
+    def on_batch(self, hook: Callable[[LearnerTransitions], None]) -> None:
         """Call `hook` with every local batch the learner takes in, after it was validated."""
         self._batch_hooks.append(hook)
 
