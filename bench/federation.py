@@ -97,7 +97,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from fedrl.client.federation.experience_exchange import (
+from fedrl.client.federation.experience_sync import (
     CursorFile,
     ExchangeConfig,
     ExperienceClient,
@@ -107,7 +107,7 @@ from fedrl.client.federation.experience_exchange import (
 )
 from fedrl.client.federation.federation_client import FederationClient, UnavailableError
 from fedrl.client.federation.outbox import Outbox
-from fedrl.client.federation.sync import SyncLoop, model_spec
+from fedrl.client.federation.weight_sync import SyncLoop, model_spec
 from fedrl.client.training.engine import EngineConfig, PollResult, TrainingEngine, available_cores
 from fedrl.client.training.evaluation import Evaluator
 from fedrl.client.training.learner import TARGET_AT_ADOPTION, LearnerConfig, TargetAtAdoption

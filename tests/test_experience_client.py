@@ -12,7 +12,7 @@ import torch
 from server_harness import InProcessServer, join, server_config
 from test_experience_support import GAMMA, SPEC_HASH, Server, cartpole_spec, make_batch
 
-from fedrl.client.federation.experience_exchange import (
+from fedrl.client.federation.experience_sync import (
     KIND,
     CursorFile,
     ExchangeConfig,

@@ -22,7 +22,7 @@ import torch
 from server_harness import join
 from test_experience_support import CONFIG, SPEC_HASH, Server, cartpole_spec
 
-from fedrl.client.federation.experience_exchange import (
+from fedrl.client.federation.experience_sync import (
     ExchangeConfig,
     ExperienceClient,
     mixed_replay,

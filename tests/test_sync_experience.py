@@ -19,14 +19,14 @@ from test_experience_support import Server
 from fedrl.client.commands.cli import main
 from fedrl.client.commands.config import TrainConfig
 from fedrl.client.federation.backoff import BackoffPolicy
-from fedrl.client.federation.experience_exchange import (
+from fedrl.client.federation.experience_sync import (
     KIND,
     ExchangeConfig,
     MixedReplay,
     mixed_replay,
 )
 from fedrl.client.federation.outbox import Outbox
-from fedrl.client.federation.sync import SyncLoop, model_spec
+from fedrl.client.federation.weight_sync import SyncLoop, model_spec
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.q_network import architecture_name

@@ -19,7 +19,7 @@ from server_harness import InProcessServer, server_config
 from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.federation_client import build_update
 from fedrl.client.federation.outbox import Outbox
-from fedrl.client.federation.sync import (
+from fedrl.client.federation.weight_sync import (
     SyncError,
     SyncLoop,
     SyncState,
@@ -192,7 +192,7 @@ def test_participant_trains_while_the_server_is_down_and_joins_when_it_comes(
     address = f"127.0.0.1:{port}"
     config = server_config(tmp_path / "server", port=port, goal_episodes=20, buffer_size=1)
     with (
-        caplog.at_level(logging.WARNING, logger="fedrl.client.federation.sync"),
+        caplog.at_level(logging.WARNING, logger="fedrl.client.federation.weight_sync"),
         participant(address, tmp_path / "a", "alice") as pair,
     ):
         engine, loop = pair
@@ -307,7 +307,7 @@ def test_updates_refused_as_stale_go_into_the_next_update_and_nothing_is_lost(
     # version is refused: the two participants keep outrunning each other.
     config = server_config(tmp_path / "server", buffer_size=1, goal_episodes=60, max_staleness=0)
     with (
-        caplog.at_level(logging.WARNING, logger="fedrl.client.federation.sync"),
+        caplog.at_level(logging.WARNING, logger="fedrl.client.federation.weight_sync"),
         InProcessServer(config) as server,
         participant(server.address, tmp_path / "a", "Макар") as first,
         participant(server.address, tmp_path / "b", "alice") as second,

@@ -25,9 +25,9 @@ from fedrl.client.commands.progress import ProgressReporter, TrainingProgress, m
 from fedrl.client.commands.state_dir import Autosaver, ModelIdentity, StateDir, StateError
 from fedrl.client.commands.system_check import check_command
 from fedrl.client.federation.channel import ChannelSecurityError
-from fedrl.client.federation.experience_exchange import mixed_replay
+from fedrl.client.federation.experience_sync import mixed_replay
 from fedrl.client.federation.federation_client import FederationClient, ServerCallError
-from fedrl.client.federation.sync import SyncError, SyncLoop, model_spec
+from fedrl.client.federation.weight_sync import SyncError, SyncLoop, model_spec
 from fedrl.client.training.engine import Counters, PollResult, TrainingEngine
 from fedrl.client.training.q_network import architecture_name
 from fedrl.common.config_cli import refuse_options_before_a_command, takes_config

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from fedrl.client.federation.channel import ConnectionSecurity
-from fedrl.client.federation.experience_exchange import ExchangeConfig
+from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.training.engine import EngineConfig
 from fedrl.client.training.learner import LearnerConfig, TargetAtAdoption
 from fedrl.common.config_cli import doc, section

@@ -39,7 +39,7 @@ sample of recent local transitions in the same outbox (kind "experience");
 a task of the network thread beside the updates' (so a slow transfer never
 holds an update back) sends them and pulls other participants' transitions,
 which the main thread adds to the replay as foreign at its next round
-(fedrl.client.federation.experience_exchange has the details).
+(fedrl.client.federation.experience_sync has the details).
 
 Exploration needs no global schedule: actors use fixed Ape-X rates
 (fedrl.client.training.exploration), not a decay from ε = 1, so a participant who
@@ -87,8 +87,8 @@ import numpy as np
 import numpy.typing as npt
 
 from fedrl.client.federation.backoff import Backoff, BackoffPolicy
-from fedrl.client.federation.experience_exchange import KIND as EXPERIENCE
-from fedrl.client.federation.experience_exchange import (
+from fedrl.client.federation.experience_sync import KIND as EXPERIENCE
+from fedrl.client.federation.experience_sync import (
     CursorFile,
     ExchangeConfig,
     ExperienceClient,
