@@ -135,7 +135,9 @@ class FederationServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchVersions(self, request, context):
-        """Long-lived stream: one notice now, then one per new global version.
+        """Long-lived stream: one notice now, then one whenever the version, the
+        goal (its total or whether it is reached) or the number of active
+        participants changes. Participants follow it instead of polling.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
