@@ -12,23 +12,24 @@ import torch
 from server_harness import InProcessServer, join, server_config
 from test_experience_support import GAMMA, SPEC_HASH, Server, cartpole_spec, make_batch
 
-from fedrl.client.federation.experience_sync import (
+from fedrl.client.federation.experience_client import (
     KIND,
-    CursorFile,
-    ExchangeConfig,
     ExperienceClient,
-    ExperienceSync,
-    MixedReplay,
     Pulled,
-    UnsentTransitions,
     experience_messages,
-    mixed_replay,
     queue_experience,
-    to_experience,
-    to_transitions,
+)
+from fedrl.client.federation.experience_cursor import CursorFile
+from fedrl.client.federation.experience_sync import (
+    ExchangeConfig,
+    ExperienceSync,
+    UnsentTransitions,
+    mixed_replay,
 )
 from fedrl.client.federation.outbox import Entry, Outbox
+from fedrl.client.training.experience_conversion import to_experience, to_transitions
 from fedrl.client.training.learner import Learner, LearnerConfig
+from fedrl.client.training.mixed_replay import MixedReplay
 from fedrl.client.training.replay import PrioritizedReplay
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.experience import BatchAssembler

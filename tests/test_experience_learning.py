@@ -22,12 +22,9 @@ import torch
 from server_harness import join
 from test_experience_support import CONFIG, SPEC_HASH, Server, cartpole_spec
 
-from fedrl.client.federation.experience_sync import (
-    ExchangeConfig,
-    ExperienceClient,
-    mixed_replay,
-    to_experience,
-)
+from fedrl.client.federation.experience_client import ExperienceClient
+from fedrl.client.federation.experience_sync import ExchangeConfig, mixed_replay
+from fedrl.client.training.experience_conversion import to_experience
 from fedrl.client.training.learner import Learner, LearnerConfig
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.experience import ExperienceBatch, batch_messages

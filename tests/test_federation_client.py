@@ -13,14 +13,16 @@ import numpy as np
 import pytest
 from server_harness import InProcessServer, make_spec, named, server_config
 
-from fedrl.client.federation.federation_client import (
+from fedrl.client.federation.errors import (
     AlreadySeededError,
-    FederationClient,
-    GlobalModel,
     RejectedError,
     SpecMismatchError,
-    Timeouts,
     UnavailableError,
+)
+from fedrl.client.federation.federation_client import (
+    FederationClient,
+    GlobalModel,
+    Timeouts,
     build_update,
 )
 from fedrl.proto.v1 import federation_pb2 as pb

@@ -24,8 +24,8 @@ import pytest
 from server_harness import InProcessServer, ServerProcess, server_config
 
 from fedrl.client.federation.federation_client import FederationClient
+from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.outbox import Outbox
-from fedrl.client.federation.weight_sync import model_spec
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.q_network import architecture_name

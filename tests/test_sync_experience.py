@@ -19,16 +19,14 @@ from test_experience_support import Server
 from fedrl.client.commands.cli import main
 from fedrl.client.commands.config import TrainConfig
 from fedrl.client.federation.backoff import BackoffPolicy
-from fedrl.client.federation.experience_sync import (
-    KIND,
-    ExchangeConfig,
-    MixedReplay,
-    mixed_replay,
-)
+from fedrl.client.federation.experience_client import KIND
+from fedrl.client.federation.experience_sync import ExchangeConfig, mixed_replay
+from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.outbox import Outbox
-from fedrl.client.federation.weight_sync import SyncLoop, model_spec
+from fedrl.client.federation.sync_loop import SyncLoop
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.mixed_replay import MixedReplay
 from fedrl.client.training.q_network import architecture_name
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.config_cli import config_from_options
@@ -75,7 +73,6 @@ def participant(
         sync_interval=3,
         evaluate_global=False,
         backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
-        poll_interval_s=0.1,
         exchange=exchange,
     )
     try:
@@ -248,7 +245,6 @@ def test_every_push_and_adoption_leaves_a_metrics_record(tmp_path: Path) -> None
             sync_interval=3,
             evaluate_global=False,
             backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
-            poll_interval_s=0.1,
             on_record=records.append,
         )
         try:

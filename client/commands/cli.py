@@ -25,9 +25,11 @@ from fedrl.client.commands.progress import ProgressReporter, TrainingProgress, m
 from fedrl.client.commands.state_dir import Autosaver, ModelIdentity, StateDir, StateError
 from fedrl.client.commands.system_check import check_command
 from fedrl.client.federation.channel import ChannelSecurityError
+from fedrl.client.federation.errors import ServerCallError, SyncError
 from fedrl.client.federation.experience_sync import mixed_replay
-from fedrl.client.federation.federation_client import FederationClient, ServerCallError
-from fedrl.client.federation.weight_sync import SyncError, SyncLoop, model_spec
+from fedrl.client.federation.federation_client import FederationClient
+from fedrl.client.federation.model_spec import model_spec
+from fedrl.client.federation.sync_loop import SyncLoop, shares_experience
 from fedrl.client.training.engine import Counters, PollResult, TrainingEngine
 from fedrl.client.training.q_network import architecture_name
 from fedrl.common.config_cli import refuse_options_before_a_command, takes_config
@@ -148,19 +150,21 @@ def train_federated(config: TrainConfig) -> Counters:
     state dir as it was. Ctrl-C or SIGTERM stops at the next round, pushes
     and saves. At the end the session's status table is printed.
     """
+    exchange = config.exchange
+    # Before anything is written: a share that cannot work fails here.
+    experience = shares_experience(config.share, exchange)
     identity = ModelIdentity(
         env=config.engine.env,
         architecture=architecture_name(config.learner.hidden, config.learner.dueling),
     )
     state = StateDir(config.state_dir, config.participant_id, identity)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    exchange = config.exchange
     engine = TrainingEngine(
         config.engine,
         config.learner,
         replay=(
             (lambda learner, obs_shape: mixed_replay(learner, obs_shape, exchange))
-            if exchange.enabled
+            if experience
             else None
         ),
     )
@@ -183,6 +187,7 @@ def train_federated(config: TrainConfig) -> Counters:
             session=config.session,
             spec=spec,
             channel_factory=lambda: _channel(config),
+            share=config.share,
             sync_interval=config.sync_interval,
             delta_dtype=config.delta_dtype,
             exchange=exchange,

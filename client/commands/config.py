@@ -15,6 +15,7 @@ from typing import Literal
 
 from fedrl.client.federation.channel import ConnectionSecurity
 from fedrl.client.federation.experience_sync import ExchangeConfig
+from fedrl.client.federation.sync_loop import Share
 from fedrl.client.training.engine import EngineConfig
 from fedrl.client.training.learner import LearnerConfig, TargetAtAdoption
 from fedrl.common.config_cli import doc, section
@@ -44,6 +45,13 @@ class TrainConfig:
         default=0,
         metadata=doc(
             "Raise the session's total-episodes goal to this before training (0: leave it)."
+        ),
+    )
+    share: Share = field(
+        default="both",
+        metadata=doc(
+            "What this participant shares: weights, experience (it then keeps its own model), "
+            "or both."
         ),
     )
     sync_interval: int = field(

@@ -37,7 +37,8 @@ import numpy as np
 import numpy.typing as npt
 
 from fedrl.client.federation.channel import ConnectionSecurity
-from fedrl.client.federation.federation_client import FederationClient, ServerCallError
+from fedrl.client.federation.errors import ServerCallError
+from fedrl.client.federation.federation_client import FederationClient
 from fedrl.common.config_cli import doc, section, takes_config
 from fedrl.common.identity import safe_dirname, validate_participant_id
 from fedrl.common.status_file import ALL_VERSIONS, read_status_file

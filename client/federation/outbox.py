@@ -1,6 +1,6 @@
 """The durable outbox: what a participant has produced but the server has not acknowledged.
 
-Every update (and, in issue 6, every experience batch) is written here BEFORE
+Every update and every experience batch is written here BEFORE
 its first send attempt and deleted only after the server's acknowledgement,
 so a crash or an outage on either side loses nothing; because each entry
 keeps the sequence number it was built with, a resend after a restart is
@@ -70,10 +70,9 @@ naming the later sequence, then deletes the later file; a crash between the
 two leaves a ".ready" entry inside an earlier entry's merged range, which the
 next open deletes (with a log line) instead of sending it twice.
 
-Kinds without a merge function (experience batches, until issue 6 gives
-them one) are bounded by dropping their oldest ".ready" entry with a warning
-naming its sequence: a batch of transitions is a sample of experience, not a
-contribution the session counts.
+Kinds without a merge function (experience batches) are bounded by dropping
+their oldest ".ready" entry with a warning naming its sequence: a batch of
+transitions is a sample of experience, not a contribution the session counts.
 """
 
 from __future__ import annotations
@@ -340,7 +339,7 @@ class Outbox:
                 )
                 continue
             # The entry just added is left alone: until the caller has recorded
-            # it (fedrl.client.federation.weight_sync's state file), it must stay separable.
+            # it (fedrl.client.federation.sync_state), it must stay separable.
             newest = len(entries) - 1
             pair = next((i for i in ready if i + 1 in ready and i + 1 < newest), None)
             # No ready pair: a sent head plus one entry, or one update larger
