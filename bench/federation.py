@@ -4,9 +4,9 @@ A real `fedrl-server` on loopback and N participant processes train one DQN
 together. Each participant is this script re-run with `--participant TASK`:
 a TrainingEngine in serial mode (`workers=0`: on a small machine every
 participant gets the same share of cores, 1 actor = the learner's process)
-with a SyncLoop for weight averaging and, for experience exchange, an
-ExperienceSync driven from here on the same cadence as the sync loop's own
-(so that "exchange only" runs need no weight averaging).
+with the client's SyncLoop, sharing what the mode says: weights ("avg"),
+experience ("exchange": the client's `--share experience`, each participant
+training its own model) or both.
 
 What is measured is the GLOBAL model. Every participant notes the wall time
 at which it crosses each `--eval-every` step mark; after the run the bench
@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import ctypes
 import itertools
 import json
@@ -86,7 +85,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -96,26 +94,18 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from fedrl.client.federation.experience_exchange import (
-    CursorFile,
-    ExchangeConfig,
-    ExperienceClient,
-    ExperienceSync,
-    MixedReplay,
-    mixed_replay,
-)
-from fedrl.client.federation.federation_client import FederationClient, UnavailableError
-from fedrl.client.federation.outbox import Outbox
-from fedrl.client.federation.sync import SyncLoop, model_spec
-from fedrl.client.training.engine import EngineConfig, PollResult, TrainingEngine, available_cores
+from fedrl.client.federation.experience_sync import ExchangeConfig, mixed_replay
+from fedrl.client.federation.federation_client import FederationClient
+from fedrl.client.federation.model_spec import model_spec
+from fedrl.client.federation.sync_loop import Share, SyncLoop
+from fedrl.client.training.engine import EngineConfig, TrainingEngine, available_cores
 from fedrl.client.training.evaluation import Evaluator
 from fedrl.client.training.learner import TARGET_AT_ADOPTION, LearnerConfig, TargetAtAdoption
+from fedrl.client.training.mixed_replay import MixedReplay
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.policy_network import ActorCritic, ppo_architecture_name
 from fedrl.client.training.ppo_learner import PPOConfig
 from fedrl.client.training.q_network import architecture_name, load_named_arrays
-from fedrl.client.training.transitions import TransitionBatch
-from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.server.launcher import ServerProcess
@@ -123,6 +113,8 @@ from fedrl.server.launcher import ServerProcess
 Mode = Literal["avg", "exchange", "both"]
 Algorithm = Literal["dqn", "ppo"]
 MODES: tuple[Mode, ...] = ("avg", "exchange", "both")
+SHARE: dict[Mode, Share] = {"avg": "weights", "exchange": "experience", "both": "both"}
+"""What each mode has the client share (SyncLoop's `share`, the client's --share)."""
 MODE_NAMES = {
     "avg": "weight averaging",
     "exchange": "experience only (p0 local model)",
@@ -165,8 +157,6 @@ class Settings:
     """Share of each training batch drawn from foreign transitions (ExchangeConfig)."""
     delta_dtype: str = "bfloat16"
     """Wire dtype of weight deltas (SyncLoop.delta_dtype)."""
-    poll_interval_s: float = 0.5
-    """How often a participant's network thread asks for a newer global version."""
     target_at_adoption: TargetAtAdoption = "reset"
     """Target network when a global model is adopted: "reset" to it (the client's
     default), "keep" as it was, or "shift" by the same change as the online net."""
@@ -249,78 +239,6 @@ class RunResult:
 # The participant process.
 
 
-class RecordingReplay:
-    """A MixedReplay that also hands every local batch to the ExperienceSync to push from.
-
-    The learner calls `add` for each batch the actor collected; this is the
-    one place where the engine's experience passes, so no engine change is needed.
-    """
-
-    def __init__(self, mixed: MixedReplay, exchange: ExperienceSync) -> None:
-        self.mixed = mixed
-        self._exchange = exchange
-
-    def __len__(self) -> int:
-        return len(self.mixed)
-
-    def add(self, batch: TransitionBatch, *, foreign: bool = False) -> None:
-        if not foreign:
-            self._exchange.record(batch)
-        self.mixed.add(batch, foreign=foreign)
-
-    def sample(self, batch_size: int, beta: float) -> Any:
-        return self.mixed.sample(batch_size, beta)
-
-    def update_priorities(self, indices: np.ndarray, td_abs: np.ndarray) -> None:
-        self.mixed.update_priorities(indices, td_abs)
-
-
-class ExchangeDriver:
-    """ExperienceSync's network half on an asyncio loop in a thread; one exchange at a time."""
-
-    def __init__(self, address: str, participant_id: str, exchange: ExperienceSync) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-        self._exchange = exchange
-        self._address = address
-        self._participant_id = participant_id
-        self._client: ExperienceClient | None = None
-        self._channel: grpc.aio.Channel | None = None
-        self._running: Future[None] | None = None
-
-    async def _open(self) -> None:
-        self._channel = grpc.aio.insecure_channel(self._address)
-        self._client = ExperienceClient(
-            self._channel, participant_id=self._participant_id, session=SESSION
-        )
-
-    def start(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._open(), self._loop).result(30)
-
-    def kick(self, outbox: Outbox) -> None:
-        """Send what is queued and pull, unless the previous exchange is still under way."""
-        if self._running is not None and not self._running.done():
-            return
-        error = self._running.exception() if self._running is not None else None
-        # An outage only delays the exchange (the outbox keeps the batch); anything else is a bug.
-        if error is not None and not isinstance(error, UnavailableError):
-            raise error
-        assert self._client is not None
-        self._running = asyncio.run_coroutine_threadsafe(
-            self._exchange.exchange(self._client, outbox), self._loop
-        )
-
-    def close(self) -> None:
-        if self._running is not None:
-            with contextlib.suppress(UnavailableError):
-                self._running.result(30)
-        if self._channel is not None:
-            asyncio.run_coroutine_threadsafe(self._channel.close(), self._loop).result(30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(30)
-
-
 def engine_configs(
     settings: Settings, seed: int, algo: Algorithm = "dqn"
 ) -> tuple[EngineConfig, LearnerConfig | PPOConfig]:
@@ -366,52 +284,37 @@ def run_participant(task: ParticipantTask) -> None:
     engine_config, learner_config = engine_configs(
         settings, participant_seed(task.seed, task.index), task.algo
     )
-    engine = TrainingEngine(engine_config, learner_config)
+    exchange = ExchangeConfig(foreign_share=settings.foreign_share)
+    engine = TrainingEngine(
+        engine_config,
+        learner_config,
+        replay=(
+            (lambda learner, shape: mixed_replay(learner, shape, exchange))
+            if task.mode != "avg"
+            else None
+        ),
+    )
     weights = _pull_initial_model(task, engine)
     # Every participant starts from the session's version 0, so no first push
-    # carries progress made on another initialisation.
+    # carries progress made on another initialisation, and participants that
+    # share experience only start where the others do.
     engine.set_weights(weights)
     spec = model_spec(settings.env, weights, architecture(learner_config))
-
-    loop: SyncLoop | None = None
-    if task.mode in ("avg", "both"):
-        loop = SyncLoop(
-            engine,
-            state_dir=state_dir / "sync",
-            participant_id=task.participant_id,
-            session=SESSION,
-            spec=spec,
-            channel_factory=lambda: grpc.aio.insecure_channel(task.address),
-            sync_interval=task.sync_interval,
-            delta_dtype=settings.delta_dtype,
-            evaluate_global=False,
-            poll_interval_s=settings.poll_interval_s,
-            target_at_adoption=settings.target_at_adoption,
-        )
-        loop.start(connect_timeout_s=30.0)
-
-    mixed: MixedReplay | None = None
-    exchange: ExperienceSync | None = None
-    driver: ExchangeDriver | None = None
-    outbox: Outbox | None = None
-    if task.mode in ("exchange", "both"):
-        config = ExchangeConfig(foreign_share=settings.foreign_share)
-        learner = engine.learner
-        mixed = mixed_replay(learner.config, engine.obs_shape, config)
-        exchange = ExperienceSync(
-            config,
-            obs_shape=engine.obs_shape,
-            n_step=engine_config.n_step,
-            gamma=learner.config.gamma,
-            spec_hash=spec_hash(spec),
-            session=SESSION,
-            participant_id=task.participant_id,
-            cursor=CursorFile(state_dir / "experience-cursor.json"),
-        )
-        learner.replay = RecordingReplay(mixed, exchange)
-        outbox = Outbox(state_dir / "experience-outbox")
-        driver = ExchangeDriver(task.address, task.participant_id, exchange)
-        driver.start()
+    loop = SyncLoop(
+        engine,
+        state_dir=state_dir / "sync",
+        participant_id=task.participant_id,
+        session=SESSION,
+        spec=spec,
+        channel_factory=lambda: grpc.aio.insecure_channel(task.address),
+        share=SHARE[task.mode],
+        sync_interval=task.sync_interval,
+        delta_dtype=settings.delta_dtype,
+        evaluate_global=False,
+        exchange=exchange,
+        target_at_adoption=settings.target_at_adoption,
+    )
+    loop.start(connect_timeout_s=30.0)
 
     engine.start()
     # Ready; wait for the common start so that no participant gets a head start.
@@ -421,36 +324,22 @@ def run_participant(task: ParticipantTask) -> None:
 
     marks: dict[int, int] = {}
     next_mark = settings.eval_every
-    exchanged_at = 0
     local_dir = state_dir / "local"
     try:
         while engine.counters.env_steps < settings.budget_steps:
-            result: PollResult = engine.poll()
-            if loop is not None:
-                loop.after_poll(result)
-            if exchange is not None and mixed is not None:
-                assert driver is not None and outbox is not None
-                exchange.adopt(mixed)
-                episodes = engine.counters.episodes
-                if episodes - exchanged_at >= task.sync_interval:
-                    exchanged_at = episodes
-                    exchange.queue(outbox)
-                    driver.kick(outbox)
+            loop.after_poll(engine.poll())
             steps = engine.counters.env_steps
             while steps >= next_mark and next_mark <= settings.budget_steps:
                 marks[next_mark] = int(time.time() * 1000)
                 if task.save_local_every_mark:
                     _save_weights(local_dir / f"{next_mark}.npz", engine.weights())
                 next_mark += settings.eval_every
-        if loop is not None:
-            loop.finish(flush_timeout_s=60.0)
+        loop.finish(flush_timeout_s=60.0)
     finally:
-        if driver is not None:
-            driver.close()
-        if loop is not None:
-            loop.close()
+        loop.close()
         engine.close()
     counters = engine.counters
+    replay = engine.learner.replay
     Path(task.result_path).write_text(
         json.dumps(
             {
@@ -458,7 +347,9 @@ def run_participant(task: ParticipantTask) -> None:
                 "env_steps": counters.env_steps,
                 "episodes": counters.episodes,
                 "updates": counters.updates,
-                "foreign_transitions": len(mixed.foreign) if mixed is not None else 0,
+                "foreign_transitions": (
+                    len(replay.foreign) if isinstance(replay, MixedReplay) else 0
+                ),
             }
         ),
         encoding="utf-8",

@@ -30,16 +30,16 @@ from torch import nn
 
 from fedrl.client.training.learner import Learner, LearnerConfig, resolve_device
 from fedrl.client.training.q_network import build_q_network
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 
 OBS_SHAPE = (4,)
 N_ACTIONS = 2
 REPLAY = 100_000
 
 
-def random_transitions(size: int, seed: int) -> TransitionBatch:
+def random_transitions(size: int, seed: int) -> LearnerTransitions:
     rng = np.random.default_rng(seed)
-    return TransitionBatch(
+    return LearnerTransitions(
         obs=rng.standard_normal((size, *OBS_SHAPE), dtype=np.float32),
         action=rng.integers(0, N_ACTIONS, size=size),
         reward=rng.standard_normal(size, dtype=np.float32),
@@ -63,7 +63,7 @@ def time_updates(step: Callable[[int], None], device: torch.device, updates: int
 
 
 def baseline_step(
-    batch_size: int, device: torch.device, data: TransitionBatch
+    batch_size: int, device: torch.device, data: LearnerTransitions
 ) -> Callable[[int], None]:
     """SB3's DQN gradient step, plain: uniform replay, no tricks."""
     online = build_q_network(OBS_SHAPE, N_ACTIONS, dueling=False).to(device)
@@ -95,7 +95,7 @@ def baseline_step(
 
 
 def learner_step(
-    batch_size: int, device: torch.device, data: TransitionBatch, *, amp: bool, compile_: bool
+    batch_size: int, device: torch.device, data: LearnerTransitions, *, amp: bool, compile_: bool
 ) -> Callable[[int], None]:
     """Our Learner with its defaults: PER, Double DQN, dueling, Huber, clipping."""
     config = dataclasses.replace(

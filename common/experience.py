@@ -34,7 +34,8 @@ exactly that size, and the split columns are checked for finiteness and for
 bool bytes other than 0/1.
 
 Torch-free: the server stores and validates these batches. Conversion to and
-from the client's TransitionBatch lives in fedrl.client.federation.experience_exchange.
+from the client's LearnerTransitions lives in
+fedrl.client.training.experience_conversion.
 """
 
 from __future__ import annotations

@@ -371,11 +371,18 @@ class FederationServicer(pb_grpc.FederationServicer):
                 await abort(context, exc)
                 return
             closing = self._federation.closing
-            sent: tuple[int, int, bool] | None = None
+            sent: tuple[int, int, bool, int] | None = None
             while not closing.is_set():
                 changed = session.changed
                 notice = session.notice()
-                key = (notice.current_version, notice.goal.total_episodes, notice.goal.reached)
+                # Not episodes_done: it moves with every push, and a pusher
+                # hears it in its own acknowledgement.
+                key = (
+                    notice.current_version,
+                    notice.goal.total_episodes,
+                    notice.goal.reached,
+                    notice.active_participants,
+                )
                 if key != sent:
                     sent = key
                     yield notice

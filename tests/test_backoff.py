@@ -1,18 +1,10 @@
-"""Capped exponential backoff with full jitter, driven by an injected random source and clock."""
+"""Capped exponential backoff with full jitter, driven by an injected random source."""
 
 from __future__ import annotations
 
 import pytest
 
 from fedrl.client.federation.backoff import Backoff, BackoffPolicy
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_bound_doubles_from_base_until_the_cap() -> None:
@@ -49,36 +41,12 @@ def test_bad_policy_is_refused_with_the_knob_named(kwargs: dict[str, float], mes
         BackoffPolicy(**kwargs)
 
 
-def test_backoff_is_not_ready_until_its_delay_has_passed() -> None:
-    clock = FakeClock()
-    backoff = Backoff(BackoffPolicy(base_s=2.0, cap_s=60.0), rand=lambda: 0.5, clock=clock)
-
-    delay = backoff.failed()
-
-    assert delay == pytest.approx(1.0)
-    assert not backoff.ready()
-    assert backoff.remaining() == pytest.approx(1.0)
-    clock.now += 1.0
-    assert backoff.ready()
-
-
 def test_consecutive_failures_grow_the_delay_and_success_resets_it() -> None:
-    clock = FakeClock()
-    backoff = Backoff(
-        BackoffPolicy(base_s=1.0, factor=2.0, cap_s=60.0), rand=lambda: 1.0, clock=clock
-    )
+    backoff = Backoff(BackoffPolicy(base_s=1.0, factor=2.0, cap_s=60.0), rand=lambda: 1.0)
 
     delays = [backoff.failed() for _ in range(4)]
     backoff.succeeded()
 
     assert delays == [1.0, 2.0, 4.0, 8.0]
     assert backoff.failures == 0
-    assert backoff.ready()
     assert backoff.failed() == 1.0
-
-
-def test_fresh_backoff_is_ready_at_once() -> None:
-    backoff = Backoff(clock=FakeClock())
-
-    assert backoff.ready()
-    assert backoff.remaining() == 0.0

@@ -10,25 +10,26 @@ import numpy as np
 import pytest
 import torch
 
-from fedrl.client.federation.experience_exchange import (
+from fedrl.client.federation.experience_client import (
     KIND,
-    CursorFile,
-    ExchangeConfig,
     ExperienceClient,
-    ExperienceSync,
-    MixedReplay,
     Pulled,
-    UnsentTransitions,
     experience_messages,
-    mixed_replay,
     queue_experience,
-    to_experience,
-    to_transitions,
+)
+from fedrl.client.federation.experience_cursor import CursorFile
+from fedrl.client.federation.experience_sync import (
+    ExchangeConfig,
+    ExperienceSync,
+    UnsentTransitions,
+    mixed_replay,
 )
 from fedrl.client.federation.outbox import Entry, Outbox
+from fedrl.client.training.experience_conversion import to_experience, to_transitions
 from fedrl.client.training.learner import Learner, LearnerConfig
+from fedrl.client.training.mixed_replay import MixedReplay
 from fedrl.client.training.replay import PrioritizedReplay
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.experience import BatchAssembler
 from tests.support.experience import GAMMA, SPEC_HASH, Server, cartpole_spec, make_batch
 from tests.support.server_harness import InProcessServer, join, server_config
@@ -36,7 +37,7 @@ from tests.support.server_harness import InProcessServer, join, server_config
 OBS = (4,)
 
 
-def _transitions(rows: int, seed: int = 0) -> TransitionBatch:
+def _transitions(rows: int, seed: int = 0) -> LearnerTransitions:
     return to_transitions(make_batch(rows, seed=seed))
 
 
@@ -74,7 +75,7 @@ def test_unsent_transitions_hand_out_every_new_row_once_in_arrival_order() -> No
     again = unsent.take()
 
     assert taken is not None and again is None and len(unsent) == 0
-    joined = TransitionBatch.concat([first, second])
+    joined = LearnerTransitions.concat([first, second])
     for name in ("obs", "action", "reward", "next_obs", "discount"):
         np.testing.assert_array_equal(getattr(taken, name), getattr(joined, name), err_msg=name)
 
@@ -87,7 +88,7 @@ def test_unsent_transitions_past_capacity_keep_the_newest_in_order() -> None:
 
     taken = unsent.take()
 
-    newest = TransitionBatch.concat(batches).obs[-50:]
+    newest = LearnerTransitions.concat(batches).obs[-50:]
     assert taken is not None
     np.testing.assert_array_equal(taken.obs, newest)
 

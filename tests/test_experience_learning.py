@@ -18,14 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-from fedrl.client.federation.experience_exchange import (
-    ExchangeConfig,
-    ExperienceClient,
-    mixed_replay,
-    to_experience,
-)
+from fedrl.client.federation.experience_client import ExperienceClient
+from fedrl.client.federation.experience_sync import ExchangeConfig, mixed_replay
+from fedrl.client.training.experience_conversion import to_experience
 from fedrl.client.training.learner import Learner, LearnerConfig
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.experience import ExperienceBatch, batch_messages
 from tests.support.experience import CONFIG, SPEC_HASH, Server, cartpole_spec
 from tests.support.server_harness import join
@@ -53,7 +50,7 @@ def teacher_batches(count: int, *, seed: int, batch_rows: int = 2000) -> list[Ex
     batches = []
     for start in range(0, count, batch_rows):
         part = rows[start : start + batch_rows]
-        local = TransitionBatch(
+        local = LearnerTransitions(
             obs=np.array([r[0] for r in part], dtype=np.float32),
             action=np.array([r[1] for r in part], dtype=np.int64),
             reward=np.array([r[2] for r in part], dtype=np.float32),
@@ -87,7 +84,7 @@ def train_student(foreign: list[ExperienceBatch], *, share: float, seed: int) ->
         action = int(rng.integers(2)) if rng.random() < epsilon else _greedy(learner, obs)
         next_obs, reward, terminated, truncated, _ = env.step(action)
         learner.add(
-            TransitionBatch(
+            LearnerTransitions(
                 obs=np.array([obs], dtype=np.float32),
                 action=np.array([action], dtype=np.int64),
                 reward=np.array([reward], dtype=np.float32),

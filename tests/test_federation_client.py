@@ -12,14 +12,16 @@ import grpc
 import numpy as np
 import pytest
 
-from fedrl.client.federation.federation_client import (
+from fedrl.client.federation.errors import (
     AlreadySeededError,
-    FederationClient,
-    GlobalModel,
     RejectedError,
     SpecMismatchError,
-    Timeouts,
     UnavailableError,
+)
+from fedrl.client.federation.federation_client import (
+    FederationClient,
+    GlobalModel,
+    Timeouts,
     build_update,
 )
 from fedrl.proto.v1 import federation_pb2 as pb

@@ -1,4 +1,4 @@
-"""PrioritizedReplay and TransitionBatch: sampling laws, weights, ring-buffer order, checks."""
+"""PrioritizedReplay and LearnerTransitions: sampling laws, weights, ring-buffer order, checks."""
 
 from __future__ import annotations
 
@@ -6,19 +6,19 @@ import numpy as np
 import pytest
 
 from fedrl.client.training.replay import PrioritizedReplay, SumTree
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 
 OBS_SHAPE = (3,)
 
 
 def _batch(
     rewards: list[float] | np.ndarray, obs_shape: tuple[int, ...] = OBS_SHAPE
-) -> TransitionBatch:
+) -> LearnerTransitions:
     """Transitions whose reward doubles as an id, so tests can tell which were kept."""
     reward = np.asarray(rewards, dtype=np.float32)
     size = reward.shape[0]
     obs = np.broadcast_to(reward.reshape(size, *([1] * len(obs_shape))), (size, *obs_shape))
-    return TransitionBatch(
+    return LearnerTransitions(
         obs=obs.astype(np.float32),
         action=np.zeros(size, dtype=np.int64),
         reward=reward,
@@ -194,7 +194,7 @@ def test_sampling_an_empty_buffer_is_an_error() -> None:
 def test_adding_a_batch_of_the_wrong_shape_names_the_column() -> None:
     replay = PrioritizedReplay(8, OBS_SHAPE, seed=0)
 
-    with pytest.raises(ValueError, match=r"TransitionBatch\.obs has shape \(2, 4\)"):
+    with pytest.raises(ValueError, match=r"LearnerTransitions\.obs has shape \(2, 4\)"):
         replay.add(_batch([0, 1], obs_shape=(4,)))
     assert len(replay) == 0
 
@@ -224,11 +224,11 @@ def test_transition_batch_validation_says_what_is_wrong(
     columns = vars(_batch([0, 1])) | {column: value}
 
     with pytest.raises(ValueError, match=message):
-        TransitionBatch(**columns).validate(OBS_SHAPE)
+        LearnerTransitions(**columns).validate(OBS_SHAPE)
 
 
 def test_concat_joins_batches_end_to_end() -> None:
-    joined = TransitionBatch.concat([_batch([0, 1]), _batch([2])])
+    joined = LearnerTransitions.concat([_batch([0, 1]), _batch([2])])
 
     assert len(joined) == 3
     np.testing.assert_array_equal(joined.reward, [0.0, 1.0, 2.0])

@@ -12,7 +12,7 @@ import torch
 
 from fedrl.client.training.learner import Learner, LearnerConfig, resolve_device
 from fedrl.client.training.replay import PrioritizedReplay
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 
 # Tiny networks: one intra-op thread each (conftest's one_torch_thread).
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -39,7 +39,7 @@ SMALL = LearnerConfig(
 )
 
 
-def _chain_transitions(copies: int) -> TransitionBatch:
+def _chain_transitions(copies: int) -> LearnerTransitions:
     eye = np.eye(CHAIN, dtype=np.float32)
     rows = []
     for s in range(CHAIN):
@@ -50,7 +50,7 @@ def _chain_transitions(copies: int) -> TransitionBatch:
         )
         rows.append((eye[s], 1, 0.1, eye[s], 0.0))
     obs, action, reward, next_obs, discount = zip(*(rows * copies), strict=True)
-    return TransitionBatch(
+    return LearnerTransitions(
         obs=np.stack(obs),
         action=np.array(action, dtype=np.int64),
         reward=np.array(reward, dtype=np.float32),

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from fedrl.client.commands.cli import main
 from fedrl.client.commands.config import TrainConfig
 from fedrl.client.commands.export import ExportConfig, export_model
-from fedrl.client.federation.experience_exchange import ExchangeConfig
+from fedrl.client.federation.experience_sync import ExchangeConfig
 
 TINY = [
     "--algo", "ppo",

@@ -7,14 +7,16 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from fedrl.client.federation.backoff import BackoffPolicy
-from fedrl.client.federation.experience_exchange import ExchangeConfig, mixed_replay
+from fedrl.client.federation.experience_sync import ExchangeConfig, mixed_replay
 from fedrl.client.federation.federation_client import FederationClient, SpecMismatchError
-from fedrl.client.federation.sync import SyncLoop, model_spec
+from fedrl.client.federation.model_spec import model_spec
+from fedrl.client.federation.sync_loop import SyncLoop
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.networks import NetworkConfig
@@ -30,8 +32,9 @@ ENGINE = EngineConfig(workers=0, envs_per_worker=4, eval_interval=0)
 
 @contextmanager
 def ppo_participant(
-    address: str, state_dir: Path, participant_id: str
+    address: str, state_dir: Path, participant_id: str, records: list[dict[str, Any]] | None = None
 ) -> Iterator[tuple[TrainingEngine, SyncLoop]]:
+    """A PPO engine federated with the session; `records` collects its metrics records."""
     engine = TrainingEngine(ENGINE, PPO)
     spec = model_spec(
         "CartPole-v1", engine.weights(), ppo_architecture_name(PPO.ppo_hidden, NetworkConfig())
@@ -45,7 +48,7 @@ def ppo_participant(
         channel_factory=lambda: grpc.aio.insecure_channel(address),
         sync_interval=1_000,  # PPO pushes per rollout update, not per episodes
         backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
-        poll_interval_s=0.2,
+        on_record=records.append if records is not None else None,
     )
     try:
         loop.start(connect_timeout_s=5.0)
@@ -59,12 +62,12 @@ def ppo_participant(
 def test_two_ppo_participants_push_after_every_update_and_reach_the_goal(tmp_path: Path) -> None:
     # prepare
     config = server_config(tmp_path / "server", buffer_size=2, goal_episodes=150)
+    records: dict[str, list[dict[str, Any]]] = {"Макар": [], "alice": []}
     with (
         InProcessServer(config) as server,
-        ppo_participant(server.address, tmp_path / "a", "Макар") as first,
-        ppo_participant(server.address, tmp_path / "b", "alice") as second,
+        ppo_participant(server.address, tmp_path / "a", "Макар", records["Макар"]) as first,
+        ppo_participant(server.address, tmp_path / "b", "alice", records["alice"]) as second,
     ):
-        pushes = {"Макар": 0, "alice": 0}
         updates_seen = {"Макар": 0, "alice": 0}
         deadline = time.monotonic() + 120
 
@@ -75,10 +78,9 @@ def test_two_ppo_participants_push_after_every_update_and_reach_the_goal(tmp_pat
                 if loop.goal_reached:
                     continue
                 result = engine.poll()
-                before = len(loop._open_outbox().pending("update"))
                 loop.after_poll(result)
                 updates_seen[pid] += result.policy_updates
-                pushes[pid] += len(loop._open_outbox().pending("update")) > before
+        pushes = {pid: sum(r["kind"] == "sync" for r in recs) for pid, recs in records.items()}
         left = [loop.finish() for _, loop in (first, second)]
         status = server.stub().Status(pb.StatusRequest(session="default")).sessions[0]
 

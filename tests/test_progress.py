@@ -14,7 +14,7 @@ from fedrl.client.commands.progress import (
     TrainingProgress,
     mean_epsilon,
 )
-from fedrl.client.federation.sync import ServerView
+from fedrl.client.federation.server_link import ServerView
 from fedrl.client.training.engine import Counters, EngineConfig, PollResult, TrainingEngine
 from fedrl.client.training.evaluation import EvalResult
 from fedrl.client.training.learner import LearnerConfig

@@ -16,7 +16,7 @@ import pytest
 
 from fedrl.client.training.actor import ActorCore, ActorSpec
 from fedrl.client.training.nstep import NStepAccumulator
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 
 ENV_ID = "FedrlTestCounting-v0"
 TIME_LIMIT = 5
@@ -61,7 +61,7 @@ def length_of(uid: float) -> int:
     return 2 + (instance + episode) % 5
 
 
-def check_rows(batch: TransitionBatch, *, n_step: int, gamma: float) -> None:
+def check_rows(batch: LearnerTransitions, *, n_step: int, gamma: float) -> None:
     """Every row against the env's known dynamics."""
     for obs, reward, next_obs, discount in zip(
         batch.obs, batch.reward, batch.next_obs, batch.discount, strict=True
@@ -79,7 +79,7 @@ def check_rows(batch: TransitionBatch, *, n_step: int, gamma: float) -> None:
         assert discount == pytest.approx(0.0 if terminated else gamma**k, rel=1e-6)
 
 
-def drive(num_envs: int, steps: int, *, n_step: int, gamma: float) -> list[TransitionBatch]:
+def drive(num_envs: int, steps: int, *, n_step: int, gamma: float) -> list[LearnerTransitions]:
     env = gym.make_vec(ENV_ID, num_envs=num_envs, vectorization_mode="sync")
     acc = NStepAccumulator(num_envs=num_envs, obs_shape=(2,), n_step=n_step, gamma=gamma)
     obs, _ = env.reset(seed=0)
@@ -107,12 +107,12 @@ def test_no_transition_crosses_an_episode_boundary(n_step: int) -> None:
     batches = drive(num_envs=4, steps=60, n_step=n_step, gamma=0.9)
 
     # assert
-    check_rows(TransitionBatch.concat(batches), n_step=n_step, gamma=0.9)
+    check_rows(LearnerTransitions.concat(batches), n_step=n_step, gamma=0.9)
 
 
 def test_every_step_of_a_finished_episode_starts_exactly_one_transition() -> None:
     # prepare / act
-    batch = TransitionBatch.concat(drive(num_envs=3, steps=40, n_step=3, gamma=0.9))
+    batch = LearnerTransitions.concat(drive(num_envs=3, steps=40, n_step=3, gamma=0.9))
 
     # assert: group starts by episode; episodes that ended are complete, once each
     starts: dict[int, list[int]] = {}
@@ -126,7 +126,7 @@ def test_every_step_of_a_finished_episode_starts_exactly_one_transition() -> Non
 
 def test_truncated_episode_bootstraps_and_terminated_one_does_not() -> None:
     # prepare / act
-    batch = TransitionBatch.concat(drive(num_envs=5, steps=40, n_step=2, gamma=0.5))
+    batch = LearnerTransitions.concat(drive(num_envs=5, steps=40, n_step=2, gamma=0.5))
 
     # assert: length-6 episodes are cut at the time limit of 5, length<=5 ones terminate
     last = batch.next_obs[:, 1] == np.minimum([length_of(u) for u in batch.obs[:, 0]], TIME_LIMIT)

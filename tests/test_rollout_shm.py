@@ -15,14 +15,14 @@ from fedrl.client.training.shm import (
     SlotRing,
     WeightsBoard,
 )
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 
 SHM = Path("/dev/shm")
 
 
-def batch(rows: int, seed: int = 0) -> TransitionBatch:
+def batch(rows: int, seed: int = 0) -> LearnerTransitions:
     rng = np.random.default_rng(seed)
-    return TransitionBatch(
+    return LearnerTransitions(
         obs=rng.standard_normal((rows, 3)).astype(np.float32),
         action=rng.integers(0, 4, rows).astype(np.int64),
         reward=rng.standard_normal(rows).astype(np.float32),

@@ -353,6 +353,24 @@ def test_watch_versions_sends_one_notice_now_and_one_per_new_version(tmp_path: P
     assert (first.current_version, second.current_version) == (0, 1)
 
 
+def test_watch_versions_sends_a_notice_when_a_participant_joins_or_leaves(tmp_path: Path) -> None:
+    with InProcessServer(server_config(tmp_path / "data")) as server:
+        stub = seeded(server, "alice")
+        watch = stub.WatchVersions(pb.GetVersionRequest(session="default"))
+        first = next(watch)
+        join(stub, "bob", SPEC)
+        joined = next(watch)
+        stub.Leave(
+            pb.LeaveRequest(session="default", participant_id="bob"), metadata=metadata("bob")
+        )
+        left = next(watch)
+        watch.cancel()
+
+    counts = [n.active_participants for n in (first, joined, left)]
+    assert counts == [1, 2, 1]
+    assert {n.current_version for n in (first, joined, left)} == {0}
+
+
 def test_goal_is_reached_by_reported_episodes_and_can_be_raised(tmp_path: Path) -> None:
     with InProcessServer(server_config(tmp_path / "data", goal_episodes=10)) as server:
         stub = seeded(server, "alice")

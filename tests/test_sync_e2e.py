@@ -22,8 +22,8 @@ import grpc
 import pytest
 
 from fedrl.client.federation.federation_client import FederationClient
+from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.outbox import Outbox
-from fedrl.client.federation.sync import model_spec
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.q_network import architecture_name

@@ -17,18 +17,16 @@ from click.testing import CliRunner
 from fedrl.client.commands.cli import main
 from fedrl.client.commands.config import TrainConfig
 from fedrl.client.federation.backoff import BackoffPolicy
-from fedrl.client.federation.experience_exchange import (
-    KIND,
-    ExchangeConfig,
-    MixedReplay,
-    mixed_replay,
-)
+from fedrl.client.federation.experience_client import KIND
+from fedrl.client.federation.experience_sync import ExchangeConfig, mixed_replay
+from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.outbox import Outbox
-from fedrl.client.federation.sync import SyncLoop, model_spec
+from fedrl.client.federation.sync_loop import SyncLoop
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.mixed_replay import MixedReplay
 from fedrl.client.training.q_network import architecture_name
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.config_cli import config_from_options
 from fedrl.common.tls import ParticipantBundle, create_ca, issue_participant_cert
 from fedrl.proto.v1 import federation_pb2 as pb
@@ -59,10 +57,10 @@ def make_engine(exchange: ExchangeConfig, seed: int = 0) -> TrainingEngine:
 @contextmanager
 def participant(
     address: str, state_dir: Path, participant_id: str, exchange: ExchangeConfig, *, seed: int = 0
-) -> Iterator[tuple[TrainingEngine, SyncLoop, list[TransitionBatch]]]:
+) -> Iterator[tuple[TrainingEngine, SyncLoop, list[LearnerTransitions]]]:
     """A started engine, its sync loop and every local batch its learner took in."""
     engine = make_engine(exchange, seed)
-    seen: list[TransitionBatch] = []
+    seen: list[LearnerTransitions] = []
     engine.on_batch(seen.append)
     spec = model_spec("CartPole-v1", engine.weights(), architecture_name(SMALL.hidden, True))
     loop = SyncLoop(
@@ -75,7 +73,6 @@ def participant(
         sync_interval=3,
         evaluate_global=False,
         backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
-        poll_interval_s=0.1,
         exchange=exchange,
     )
     try:
@@ -87,7 +84,9 @@ def participant(
         engine.close()
 
 
-def rows(batches: list[TransitionBatch], mask: npt.NDArray[np.bool_] | None = None) -> set[bytes]:
+def rows(
+    batches: list[LearnerTransitions], mask: npt.NDArray[np.bool_] | None = None
+) -> set[bytes]:
     """Transitions as comparable keys (obs and next obs: continuous, so collisions are nil)."""
     return {
         o.tobytes() + n.tobytes()
@@ -242,7 +241,6 @@ def test_every_push_and_adoption_leaves_a_metrics_record(tmp_path: Path) -> None
             sync_interval=3,
             evaluate_global=False,
             backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
-            poll_interval_s=0.1,
             on_record=records.append,
         )
         try:

@@ -16,16 +16,12 @@ import pytest
 import torch
 
 from fedrl.client.federation.backoff import BackoffPolicy
+from fedrl.client.federation.errors import SyncError
 from fedrl.client.federation.federation_client import build_update
+from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.outbox import Outbox
-from fedrl.client.federation.sync import (
-    SyncError,
-    SyncLoop,
-    SyncState,
-    load_sync_state,
-    model_spec,
-    save_sync_state,
-)
+from fedrl.client.federation.sync_loop import SyncLoop
+from fedrl.client.federation.sync_state import SyncState, load_sync_state, save_sync_state
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
@@ -73,7 +69,6 @@ def participant(
         channel_factory=lambda: grpc.aio.insecure_channel(address),
         sync_interval=sync_interval,
         backoff=FAST_RETRY,
-        poll_interval_s=0.2,
         **loop_options,
     )
     try:
@@ -192,7 +187,7 @@ def test_participant_trains_while_the_server_is_down_and_joins_when_it_comes(
     address = f"127.0.0.1:{port}"
     config = server_config(tmp_path / "server", port=port, goal_episodes=20, buffer_size=1)
     with (
-        caplog.at_level(logging.WARNING, logger="fedrl.client.federation.sync"),
+        caplog.at_level(logging.WARNING, logger="fedrl.client.federation.server_link"),
         participant(address, tmp_path / "a", "alice") as pair,
     ):
         engine, loop = pair
@@ -296,9 +291,10 @@ def test_sync_state_round_trips_and_a_damaged_file_is_refused(tmp_path: Path) ->
     assert load_sync_state(tmp_path / "missing.npz") is None
 
 
-# Slow: with max staleness 0 and two fast pushers, each participant re-bases
-# only on its 2 s version poll, so they can refuse each other for minutes on a
-# loaded machine (7-10 s alone, over 300 s beside other jobs).
+# Slow: with max staleness 0 and two fast pushers, a version made between a
+# participant's adoption and its push makes that push stale; each re-bases as
+# soon as it hears of a version (WatchVersions), yet on a loaded machine the
+# two can keep refusing each other for a long while.
 @pytest.mark.slow
 def test_updates_refused_as_stale_go_into_the_next_update_and_nothing_is_lost(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -307,7 +303,7 @@ def test_updates_refused_as_stale_go_into_the_next_update_and_nothing_is_lost(
     # version is refused: the two participants keep outrunning each other.
     config = server_config(tmp_path / "server", buffer_size=1, goal_episodes=60, max_staleness=0)
     with (
-        caplog.at_level(logging.WARNING, logger="fedrl.client.federation.sync"),
+        caplog.at_level(logging.WARNING, logger="fedrl.client.federation.weight_sync"),
         InProcessServer(config) as server,
         participant(server.address, tmp_path / "a", "Макар") as first,
         participant(server.address, tmp_path / "b", "alice") as second,

@@ -26,9 +26,11 @@ from fedrl.client.commands.progress import ProgressReporter, TrainingProgress, m
 from fedrl.client.commands.state_dir import Autosaver, ModelIdentity, StateDir, StateError
 from fedrl.client.commands.system_check import check_command
 from fedrl.client.federation.channel import ChannelSecurityError
-from fedrl.client.federation.experience_exchange import mixed_replay
-from fedrl.client.federation.federation_client import FederationClient, FederationError
-from fedrl.client.federation.sync import SyncError, SyncLoop, model_spec
+from fedrl.client.federation.errors import ServerCallError, SyncError
+from fedrl.client.federation.experience_sync import mixed_replay
+from fedrl.client.federation.federation_client import FederationClient
+from fedrl.client.federation.model_spec import model_spec
+from fedrl.client.federation.sync_loop import SyncLoop
 from fedrl.client.training.engine import Counters, PollResult, TrainingEngine
 from fedrl.common.config_cli import config_options, refuse_options_before_a_command, takes_config
 from fedrl.common.identity import validate_participant_id
@@ -78,7 +80,7 @@ def main(ctx: click.Context, /, config: TrainConfig) -> None:
             train_offline(config)
         else:
             train_federated(resolve_participant_id(config))
-    except (ValueError, StateError, SyncError, FederationError, TlsMaterialError) as exc:
+    except (ValueError, StateError, SyncError, ServerCallError, TlsMaterialError) as exc:
         raise click.ClickException(str(exc)) from exc
 
 
@@ -153,13 +155,14 @@ def train_federated(config: TrainConfig) -> Counters:
     state dir as it was. Ctrl-C or SIGTERM stops at the next round, pushes
     and saves. At the end the session's status table is printed.
     """
+    # Before anything is written: a share that cannot work fails here.
+    exchange = config.shared_experience
     identity = ModelIdentity(
         env=config.engine.env,
         architecture=config.architecture,
     )
     state = StateDir(config.state_dir, config.participant_id, identity)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    exchange = config.shared_experience
     engine = TrainingEngine(
         config.engine,
         config.learner_config,
@@ -189,6 +192,7 @@ def train_federated(config: TrainConfig) -> Counters:
             session=config.session,
             spec=spec,
             channel_factory=lambda: _channel(config),
+            share=config.effective_share,
             sync_interval=config.sync_interval,
             delta_dtype=config.delta_dtype,
             exchange=exchange,

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Literal
 
 from fedrl.client.federation.channel import ConnectionSecurity
-from fedrl.client.federation.experience_exchange import ExchangeConfig
+from fedrl.client.federation.experience_sync import ExchangeConfig
+from fedrl.client.federation.sync_loop import Share, shares_experience
 from fedrl.client.training.engine import EngineConfig
 from fedrl.client.training.learner import LearnerConfig, TargetAtAdoption
 from fedrl.client.training.networks import NetworkConfig
@@ -62,6 +63,13 @@ class TrainConfig:
         default=0,
         metadata=doc(
             "Raise the session's total-episodes goal to this before training (0: leave it)."
+        ),
+    )
+    share: Share = field(
+        default="both",
+        metadata=doc(
+            "What this participant shares: weights, experience (it then keeps its own model), "
+            "or both."
         ),
     )
     sync_interval: int = field(
@@ -145,6 +153,8 @@ class TrainConfig:
             ]
             if changed:
                 refuse_for_ppo(changed)
+            if self.share == "experience":
+                refuse_for_ppo(["share"])
         for name in ("save_model_every", "save_progress_every", "sync_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -174,11 +184,17 @@ class TrainConfig:
 
     @property
     def shared_experience(self) -> ExchangeConfig | None:
-        """The experience exchange to run, if any: DQN's when its share is above 0; never
-        PPO's, which learns only from its own rollouts."""
-        if self.algo == "ppo" or not self.exchange.enabled:
+        """The experience exchange to run, if any: DQN's when its share includes experience
+        (ValueError for a share that cannot work); never PPO's, which learns only from its
+        own rollouts."""
+        if self.algo == "ppo" or not shares_experience(self.share, self.exchange):
             return None
         return self.exchange
+
+    @property
+    def effective_share(self) -> Share:
+        """What the sync loop shares: PPO shares weights only, whatever --share says."""
+        return "weights" if self.algo == "ppo" else self.share
 
 
 EXCHANGE_FIELDS = tuple(f.name for f in dataclasses.fields(ExchangeConfig))

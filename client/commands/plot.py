@@ -38,7 +38,8 @@ import numpy as np
 import numpy.typing as npt
 
 from fedrl.client.federation.channel import ConnectionSecurity
-from fedrl.client.federation.federation_client import FederationClient, FederationError
+from fedrl.client.federation.errors import ServerCallError
+from fedrl.client.federation.federation_client import FederationClient
 from fedrl.common.config_cli import doc, section, takes_config
 from fedrl.common.identity import safe_dirname, validate_participant_id
 from fedrl.common.status_file import ALL_VERSIONS, read_status_file
@@ -274,7 +275,7 @@ async def _fetch_status(config: PlotConfig) -> pb.StatusReply:
     try:
         client = FederationClient(channel, participant_id=pid, session=config.session)
         return await client.status(max_versions=ALL_VERSIONS, all_sessions=not config.session)
-    except FederationError as exc:
+    except ServerCallError as exc:
         raise PlotError(f"--server {config.server}: {exc}") from exc
     finally:
         await channel.close()

@@ -28,7 +28,7 @@ from fedrl.client.training.engine import Counters, PollResult
 from fedrl.client.training.exploration import apex_epsilons
 
 if TYPE_CHECKING:
-    from fedrl.client.federation.sync import ServerView
+    from fedrl.client.federation.server_link import ServerView
 
 FieldValue = int | float | None
 

@@ -61,7 +61,7 @@ from fedrl.client.training.policy_network import ActorCritic, build_actor_critic
 from fedrl.client.training.ppo_learner import PPOConfig, PPOLearner
 from fedrl.client.training.q_network import build_q_network
 from fedrl.client.training.rollout import Rollout
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.client.training.vector_env import EnvShape, env_shape, make_vector_env
 from fedrl.common.config_cli import doc, section, takes_config
 from fedrl.common.tls import ParticipantBundle
@@ -550,7 +550,7 @@ def probe_updates(
             ),
         )
         learner.add(
-            TransitionBatch(
+            LearnerTransitions(
                 obs=rng.standard_normal((rows, *obs_shape)).astype(np.float32),
                 action=rng.integers(n_actions, size=rows),
                 reward=rng.standard_normal(rows).astype(np.float32),

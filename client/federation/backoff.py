@@ -4,15 +4,14 @@ The delay before retry n (counting from 0) is uniform in [0, min(cap, base·fact
 ("full jitter", Brooker, AWS Architecture Blog 2015): after a server restart,
 every participant's retries spread over the whole window instead of arriving
 together in waves, and the cap keeps a long outage from pushing the next try
-hours away. The random source and the clock are injected so the schedule is
-testable without sleeping.
+hours away. The random source is injected so the schedule is testable
+without sleeping.
 """
 
 from __future__ import annotations
 
 import math
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -56,24 +55,17 @@ class BackoffPolicy:
 
 
 class Backoff:
-    """The retry state of one connection: when the next attempt may start.
-
-    Not blocking: callers that must keep training ask `ready()` between
-    rounds of work instead of sleeping.
-    """
+    """The retry state of one connection: consecutive failures and the next delay."""
 
     def __init__(
         self,
         policy: BackoffPolicy = BackoffPolicy(),
         *,
         rand: Callable[[], float] = random.random,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._policy = policy
         self._rand = rand
-        self._clock = clock
         self._failures = 0
-        self._next_at = -math.inf
 
     @property
     def failures(self) -> int:
@@ -81,21 +73,10 @@ class Backoff:
         return self._failures
 
     def failed(self) -> float:
-        """Record a failed attempt; returns the delay until the next one may start."""
+        """Record a failed attempt; returns how long to wait before the next one."""
         self._failures += 1
-        delay = self._policy.delay(self._failures, self._rand)
-        self._next_at = self._clock() + delay
-        return delay
+        return self._policy.delay(self._failures, self._rand)
 
     def succeeded(self) -> None:
         """Record a success: the next failure starts the schedule over."""
         self._failures = 0
-        self._next_at = -math.inf
-
-    def remaining(self) -> float:
-        """Seconds until the next attempt may start (0 when it may start now)."""
-        return max(0.0, self._next_at - self._clock())
-
-    def ready(self) -> bool:
-        """Whether an attempt may start now."""
-        return self.remaining() == 0.0

@@ -25,6 +25,26 @@ log = logging.getLogger(__name__)
 ChannelOptions = Sequence[tuple[str, Any]]
 
 
+CONNECTION_OPTIONS: ChannelOptions = (
+    # The participant holds a WatchVersions stream open for hours, often
+    # behind NAT. A server that vanished without closing the connection (a
+    # dropped mapping, a dead host) would leave that stream waiting forever:
+    # a ping every 60 s, answered within 20 s, finds it, and the stream ends
+    # with UNAVAILABLE so the participant reconnects. The server accepts
+    # pings as often as every 10 s (fedrl.server.app.server_options).
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    # By default a client stops pinging after two pings without data in
+    # between; an idle watch stream sends no data for as long as no version
+    # is made, and must stay watched all that time.
+    ("grpc.http2.max_pings_without_data", 0),
+    # gRPC's own reconnect backoff grows to 120 s, and a call meanwhile fails
+    # at once; capped like BackoffPolicy.cap_s, a server back after a long
+    # outage is reached within the participant's own retry schedule.
+    ("grpc.max_reconnect_backoff_ms", 30_000),
+)
+
+
 class ChannelSecurityError(ValueError):
     """The requested channel would be less secure than the rules allow."""
 
@@ -141,7 +161,10 @@ def open_channel(
     - ``token``: sent as a Bearer token; needs TLS (gRPC sends call
       credentials over secure channels only, and so do we).
     - none of these: plaintext, for a loopback target or with ``insecure``.
+
+    CONNECTION_OPTIONS (keepalive, reconnect backoff) apply unless ``options`` overrides them.
     """
+    options = list({**dict(CONNECTION_OPTIONS), **dict(options)}.items())
     check_security_choice(
         ca_cert=ca_cert is not None,
         bundle=bundle is not None,

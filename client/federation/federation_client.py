@@ -2,22 +2,23 @@
 
 Every call carries the participant id as binary metadata (plain gRPC metadata
 is ASCII-only and ids are Unicode) and a deadline, so a dead server costs a
-bounded wait. gRPC status codes become two kinds of domain error, because
-that is all a caller decides on:
+bounded wait; the one exception is `watch_versions`, a stream that stays open
+for hours. gRPC status codes become the two kinds of error of
+fedrl.client.federation.errors:
 
 - `UnavailableError` (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED from
   a rate or stream limit, a cut call: CANCELLED, and a server fault: INTERNAL,
-  UNKNOWN, ABORTED): try
-  the same request again later, with backoff. A server fault is retried, not
-  dropped: the request may be fine and the server restarted, and the outbox
-  must never lose an update. A model stream that fails its checks is
-  UnavailableError too: nothing was adopted, so asking again is safe.
+  UNKNOWN, ABORTED): try the same request again later, with backoff. A server
+  fault is retried, not dropped: the request may be fine and the server
+  restarted, and the outbox must never lose an update. A model stream that
+  fails its checks is UnavailableError too: nothing was adopted, so asking
+  again is safe.
 - `RejectedError` (INVALID_ARGUMENT, PERMISSION_DENIED, UNAUTHENTICATED,
   FAILED_PRECONDITION, NOT_FOUND, RESOURCE_EXHAUSTED from a size limit, ...):
-  sending it again cannot help; `code`
-  and the server's message say why. `SpecMismatchError` is FAILED_PRECONDITION at
-  Join (the local model does not fit the session); `AlreadySeededError` is
-  ALREADY_EXISTS at SeedModel (pull the other participant's seed instead).
+  sending it again cannot help; `code` and the server's message say why.
+  `SpecMismatchError` is FAILED_PRECONDITION at Join (the local model does not
+  fit the session); `AlreadySeededError` is ALREADY_EXISTS at SeedModel (pull
+  the other participant's seed instead).
 
 Updates are built as messages by `build_update` and sent by `push_update`, so
 the outbox can store the exact bytes that go on the wire and resend them
@@ -26,13 +27,20 @@ unchanged after a crash.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import grpc
 import numpy as np
 
+from fedrl.client.federation.errors import (
+    AlreadySeededError,
+    RejectedError,
+    ServerCallError,
+    SpecMismatchError,
+    UnavailableError,
+)
 from fedrl.common.chunking import (
     DEFAULT_CHUNK_BYTES,
     DecodeLimits,
@@ -65,37 +73,13 @@ _RETRYABLE = frozenset(
 )
 
 
-class FederationError(Exception):
-    """A Federation call failed; `code` is the gRPC status (None for a local check)."""
-
-    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class UnavailableError(FederationError):
-    """The server could not answer now; retry the same request later with backoff."""
-
-
-class RejectedError(FederationError):
-    """The server refused the request; repeating it unchanged cannot succeed."""
-
-
-class SpecMismatchError(RejectedError):
-    """The local model's spec differs from the session's; the message names the field."""
-
-
-class AlreadySeededError(RejectedError):
-    """Another participant seeded the session first; pull its model instead."""
-
-
 # RESOURCE_EXHAUSTED means "slow down" when a rate or stream limit answered
 # (fedrl.server.limits words its messages so), but "never" when a size limit
 # did: resending an oversized update would be refused forever.
 _THROTTLED = ("rate limit", "stream limit")
 
 
-def _translate(exc: grpc.aio.AioRpcError, what: str) -> FederationError:
+def _translate(exc: grpc.aio.AioRpcError, what: str) -> ServerCallError:
     code = exc.code()
     details = exc.details() or code.name
     message = f"{what}: {details}"
@@ -310,6 +294,26 @@ class FederationClient:
         request = pb.GetVersionRequest(session=self.session, participant_id=self.participant_id)
         reply: pb.VersionNotice = await self._unary(self._stub.GetVersion, request, "get version")
         return reply
+
+    async def watch_versions(self) -> AsyncGenerator[pb.VersionNotice]:
+        """The session's notices: one now, then one whenever its version, goal or members change.
+
+        Without a deadline: the stream is meant to stay open for hours. It
+        ends with UnavailableError when the connection breaks (a server that
+        vanished without closing it is found by the channel's keepalive pings,
+        see channel.open_channel) and ends quietly when the server closes it
+        at shutdown. Use it inside `contextlib.aclosing` so that leaving the
+        loop early cancels the call at once.
+        """
+        request = pb.GetVersionRequest(session=self.session, participant_id=self.participant_id)
+        call = self._stub.WatchVersions(request, metadata=self._metadata)
+        try:
+            async for notice in call:
+                yield notice
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc, "watch of versions") from None
+        finally:
+            call.cancel()
 
     async def raise_goal(self, total_episodes: int) -> pb.GoalState:
         """Raise the session's total-episodes goal (a lower number is RejectedError)."""

@@ -1,6 +1,6 @@
 """The durable outbox: what a participant has produced but the server has not acknowledged.
 
-Every update (and, in issue 6, every experience batch) is written here BEFORE
+Every update and every experience batch is written here BEFORE
 its first send attempt and deleted only after the server's acknowledgement,
 so a crash or an outage on either side loses nothing; because each entry
 keeps the sequence number it was built with, a resend after a restart is
@@ -55,7 +55,7 @@ and the earlier base version (the conservative staleness), the
 episode-weighted mean of the training returns, and the later entry's other
 metrics (the latest evaluation). A ".sent" entry is never merged or changed:
 the server may already hold it. Nor is the entry just added: its writer
-has not recorded it yet (see fedrl.client.federation.sync). Every merge is logged with
+has not recorded it yet (see fedrl.client.federation.weight_sync). Every merge is logged with
 the sequences it joined; nothing is dropped. The same merge joins a
 backlog at send time: `next_to_send` first merges the never-attempted entries
 that follow a never-attempted head, so after an outage the backlog leaves as
@@ -70,10 +70,9 @@ naming the later sequence, then deletes the later file; a crash between the
 two leaves a ".ready" entry inside an earlier entry's merged range, which the
 next open deletes (with a log line) instead of sending it twice.
 
-Kinds without a merge function (experience batches, until issue 6 gives
-them one) are bounded by dropping their oldest ".ready" entry with a warning
-naming its sequence: a batch of transitions is a sample of experience, not a
-contribution the session counts.
+Kinds without a merge function (experience batches) are bounded by dropping
+their oldest ".ready" entry with a warning naming its sequence: a batch of
+transitions is a sample of experience, not a contribution the session counts.
 """
 
 from __future__ import annotations
@@ -271,7 +270,7 @@ class Outbox:
         """The server refused this entry as it stands (e.g. too stale): hand it back to its writer.
 
         It moves to returned/, where `returned()` lists it until the writer has
-        taken its content back (fedrl.client.federation.sync puts the progress into its
+        taken its content back (fedrl.client.federation.weight_sync puts the progress into its
         next update) and calls `forget_returned`.
         """
         with self._lock:
@@ -340,7 +339,7 @@ class Outbox:
                 )
                 continue
             # The entry just added is left alone: until the caller has recorded
-            # it (fedrl.client.federation.sync's state file), it must stay separable.
+            # it (fedrl.client.federation.sync_state), it must stay separable.
             newest = len(entries) - 1
             pair = next((i for i in ready if i + 1 in ready and i + 1 < newest), None)
             # No ready pair: a sent head plus one entry, or one update larger

@@ -34,7 +34,7 @@ from fedrl.client.training.shm import (
     TransitionSlot,
     WeightsBoard,
 )
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.client.training.vector_env import env_shape, make_vector_env, reset_seeded
 
 # Slot fill messages: (slot, rows, episodes, env_steps), fixed size and far
@@ -110,7 +110,7 @@ def make_actor_spec(
 class Collected:
     """One collection round: its transitions and what else happened."""
 
-    batch: TransitionBatch
+    batch: LearnerTransitions
     env_steps: int
     episode_returns: npt.NDArray[np.float64]
     episode_lengths: npt.NDArray[np.int64]
@@ -164,7 +164,7 @@ class ActorCore:
         return np.where(explore, random_actions, greedy).astype(np.int64)
 
     def collect(self, vector_steps: int) -> Collected:
-        batches: list[TransitionBatch] = []
+        batches: list[LearnerTransitions] = []
         returns: list[npt.NDArray[np.float64]] = []
         lengths: list[npt.NDArray[np.int64]] = []
         env_steps = 0
@@ -187,7 +187,7 @@ class ActorCore:
             env_steps += stats.env_steps
             self._obs = next_obs
         return Collected(
-            batch=TransitionBatch.concat(batches),
+            batch=LearnerTransitions.concat(batches),
             env_steps=env_steps,
             episode_returns=np.concatenate(returns),
             episode_lengths=np.concatenate(lengths),

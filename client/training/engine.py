@@ -64,7 +64,7 @@ from fedrl.client.training.shm import (
     TransitionSlot,
     WeightsBoard,
 )
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.client.training.vector_env import env_shape, make_vector_env
 from fedrl.common.config_cli import doc
 
@@ -263,7 +263,7 @@ class TrainingEngine:
                 replay=replay(seeded, self.obs_shape) if replay is not None else None,
                 network=network,
             )
-        self._batch_hooks: list[Callable[[TransitionBatch], None]] = []
+        self._batch_hooks: list[Callable[[LearnerTransitions], None]] = []
         self._evaluator = (
             Evaluator(
                 config.env,
@@ -580,7 +580,7 @@ class TrainingEngine:
 
     def _take(
         self,
-        batch: TransitionBatch,
+        batch: LearnerTransitions,
         env_steps: int,
         episode_returns: npt.NDArray[np.float64],
         episode_lengths: npt.NDArray[np.int64],
@@ -621,7 +621,7 @@ class TrainingEngine:
             (float(r), int(n)) for r, n in zip(episode_returns, episode_lengths, strict=True)
         )
 
-    def on_batch(self, hook: Callable[[TransitionBatch], None]) -> None:
+    def on_batch(self, hook: Callable[[LearnerTransitions], None]) -> None:
         """Call `hook` with every local batch the learner takes in, after it was validated."""
         self._batch_hooks.append(hook)
 

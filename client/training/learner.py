@@ -25,7 +25,7 @@ from fedrl.client.training.q_network import (
     named_arrays,
 )
 from fedrl.client.training.replay import PrioritizedReplay, Replay, SampledBatch
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.config_cli import doc
 
 STATE_FORMAT = 1
@@ -311,7 +311,7 @@ class Learner:
 
     # -- experience ---------------------------------------------------------
 
-    def add(self, batch: TransitionBatch, *, foreign: bool = False) -> None:
+    def add(self, batch: LearnerTransitions, *, foreign: bool = False) -> None:
         """Store transitions (checked: shapes, dtypes, finite values, action range)."""
         batch.validate(self.obs_shape)
         if len(batch) and batch.action.max() >= self.n_actions:

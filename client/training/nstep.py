@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 
 FloatArray = npt.NDArray[np.float32]
 BoolArray = npt.NDArray[np.bool_]
@@ -42,7 +42,7 @@ class StepStats:
 
 
 class NStepAccumulator:
-    """Turns per-step vector-env output into n-step `TransitionBatch` rows.
+    """Turns per-step vector-env output into n-step `LearnerTransitions` rows.
 
     Row fields follow the learner's contract: `reward` is the discounted sum of
     the k ≤ n rewards, `discount` is gamma**k, or 0 when the episode
@@ -80,7 +80,7 @@ class NStepAccumulator:
         next_obs: FloatArray,
         terminated: BoolArray,
         truncated: BoolArray,
-    ) -> tuple[TransitionBatch, StepStats]:
+    ) -> tuple[LearnerTransitions, StepStats]:
         """Add one vector step; returns the rows it completed and the episodes it ended.
 
         `obs` is what the actions were chosen on, `next_obs` what `step`
@@ -111,7 +111,7 @@ class NStepAccumulator:
         slots, envs = np.nonzero(emit)
         age = self._age[slots, envs]
         discount = self._gamma_pow[age] * (~terminated[envs]).astype(np.float32)
-        batch = TransitionBatch(
+        batch = LearnerTransitions(
             obs=self._obs[slots, envs],
             action=self._action[slots, envs],
             reward=self._ret[slots, envs].copy(),

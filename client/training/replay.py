@@ -7,14 +7,14 @@ from typing import Protocol
 
 import numpy as np
 
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 
 
 @dataclass(frozen=True)
 class SampledBatch:
     """A training batch and what the learner needs to write priorities back."""
 
-    batch: TransitionBatch
+    batch: LearnerTransitions
     """The sampled transitions."""
     indices: np.ndarray
     """int64 [B]: buffer slots, to pass back to ``update_priorities``."""
@@ -29,7 +29,7 @@ class Replay(Protocol):
 
     def __len__(self) -> int: ...
 
-    def add(self, batch: TransitionBatch, *, foreign: bool = False) -> None: ...
+    def add(self, batch: LearnerTransitions, *, foreign: bool = False) -> None: ...
 
     def sample(self, batch_size: int, beta: float) -> SampledBatch: ...
 
@@ -146,7 +146,7 @@ class PrioritizedReplay:
     def __len__(self) -> int:
         return self._size
 
-    def add(self, batch: TransitionBatch, *, foreign: bool = False) -> None:
+    def add(self, batch: LearnerTransitions, *, foreign: bool = False) -> None:
         """Append a batch, overwriting the oldest transitions once full."""
         batch.validate(self.obs_shape)
         count = len(batch)
@@ -178,7 +178,7 @@ class PrioritizedReplay:
         else:
             slots, weights = self._sample_prioritized(self._tree, batch_size, beta)
         return SampledBatch(
-            batch=TransitionBatch(
+            batch=LearnerTransitions(
                 obs=self._obs[slots],
                 action=self._action[slots],
                 reward=self._reward[slots],

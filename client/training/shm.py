@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fedrl.client.training.rollout import Rollout
-from fedrl.client.training.transitions import TransitionBatch
+from fedrl.client.training.transitions import LearnerTransitions
 
 SEGMENT_PREFIX = "fedrl_"
 _ALIGN = 64
@@ -106,7 +106,7 @@ class TransitionSlot:
 
     def write(
         self,
-        batch: TransitionBatch,
+        batch: LearnerTransitions,
         episode_returns: npt.NDArray[np.float64],
         episode_lengths: npt.NDArray[np.int64],
     ) -> None:
@@ -127,14 +127,14 @@ class TransitionSlot:
 
     def read(
         self, fill: SlotFill
-    ) -> tuple[TransitionBatch, npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    ) -> tuple[LearnerTransitions, npt.NDArray[np.float64], npt.NDArray[np.int64]]:
         """Copies out, so the slot can go back to its actor at once."""
         if not (
             0 <= fill.rows <= self.rows_capacity and 0 <= fill.episodes <= self.episodes_capacity
         ):
             raise ValueError(f"slot fill {fill} exceeds the slot's capacity")
         a, n = self.arrays, fill.rows
-        batch = TransitionBatch(
+        batch = LearnerTransitions(
             obs=a["obs"][:n].copy(),
             action=a["action"][:n].copy(),
             reward=a["reward"][:n].copy(),

@@ -1,4 +1,9 @@
-"""Columnar n-step transitions: the one unit actors, replay and learner exchange."""
+"""Columnar n-step transitions in the learner's form: what actors, replay and learner exchange.
+
+Not the form experience travels in between participants: that is
+fedrl.common.experience.ExperienceBatch, which keeps termination and
+truncation apart and carries its n, gamma and env spec.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,8 @@ import numpy as np
 
 
 @dataclass(frozen=True)
-class TransitionBatch:
-    """B n-step transitions as parallel columns.
+class LearnerTransitions:
+    """B n-step transitions as parallel columns, ready for the TD target.
 
     The n-step work happens before a transition gets here, so the learner's
     target is simply ``reward + discount * max_a Q(next_obs, a)``: the discount
@@ -51,32 +56,34 @@ class TransitionBatch:
             column = getattr(self, name)
             if not isinstance(column, np.ndarray):
                 raise ValueError(
-                    f"TransitionBatch.{name} must be a numpy array, got {type(column)}"
+                    f"LearnerTransitions.{name} must be a numpy array, got {type(column)}"
                 )
             if column.dtype != dtype:
                 raise ValueError(
-                    f"TransitionBatch.{name} has dtype {column.dtype}, expected {dtype}"
+                    f"LearnerTransitions.{name} has dtype {column.dtype}, expected {dtype}"
                 )
             if column.shape != shape:
                 raise ValueError(
-                    f"TransitionBatch.{name} has shape {column.shape}, expected {shape} "
+                    f"LearnerTransitions.{name} has shape {column.shape}, expected {shape} "
                     f"(batch size {size}, obs_shape {obs_shape})"
                 )
         if size and self.action.min() < 0:
-            raise ValueError(f"TransitionBatch.action holds a negative action {self.action.min()}")
+            raise ValueError(
+                f"LearnerTransitions.action holds a negative action {self.action.min()}"
+            )
         if size and not (np.all(self.discount >= 0.0) and np.all(self.discount <= 1.0)):
-            raise ValueError("TransitionBatch.discount must lie in [0, 1]")
+            raise ValueError("LearnerTransitions.discount must lie in [0, 1]")
         # One NaN in replay poisons every network trained from it, forever.
         for name in ("obs", "reward", "next_obs"):
             if not np.all(np.isfinite(getattr(self, name))):
-                raise ValueError(f"TransitionBatch.{name} holds a NaN or infinite value")
+                raise ValueError(f"LearnerTransitions.{name} holds a NaN or infinite value")
 
     @staticmethod
-    def concat(batches: Sequence[TransitionBatch]) -> TransitionBatch:
+    def concat(batches: Sequence[LearnerTransitions]) -> LearnerTransitions:
         """Join batches end to end (e.g. the slices several actors produced)."""
         if not batches:
-            raise ValueError("TransitionBatch.concat needs at least one batch")
-        return TransitionBatch(
+            raise ValueError("LearnerTransitions.concat needs at least one batch")
+        return LearnerTransitions(
             obs=np.concatenate([b.obs for b in batches]),
             action=np.concatenate([b.action for b in batches]),
             reward=np.concatenate([b.reward for b in batches]),

@@ -136,9 +136,10 @@ class FederationServicer:
 
     def WatchVersions(self, request, context):
         """Long-lived stream: the session's notice now, then a new one whenever its
-        newest version or its goal changes. Versions committed in quick
+        newest version, its goal (its total or whether it is reached) or the
+        number of active participants changes. Versions committed in quick
         succession may share one notice (the newest); the stream ends when the
-        server shuts down.
+        server shuts down. Participants follow it instead of polling.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,332 @@
+"""Experience sync: the participant's recent transitions out, other participants' in.
+
+Per sync (`ExperienceSync` holds these steps for the sync loop):
+
+1. the training thread queues the transitions the learner took in since
+   the last push (UnsentTransitions; the newest `push_transitions` of them
+   if more arrived) in the durable outbox as kind "experience"
+   (fedrl.client.federation.experience_client.queue_experience), so a crash
+   or an outage loses nothing and the server's exactly-once key makes a
+   resend harmless. No transition is pushed twice, so neither the server nor
+   a foreign replay holds duplicates. Rows keep their arrival order, so each
+   next_obs comes back a few rows later as an obs and the batch takes about
+   half the bytes of a random sample (measured on CartPole: 16 against 31
+   bytes per transition);
+2. the network thread, in a task of its own on the server link (so a slow
+   transfer never holds an update back), sends the queued entries and pulls
+   up to `pull_transitions` of other participants' transitions after the
+   cursor;
+3. the training thread adds what was pulled to the replay as foreign
+   (fedrl.client.training.mixed_replay), then persists the cursor
+   (fedrl.client.federation.experience_cursor): a crash before that pulls
+   them again.
+
+Experience sync needs no weight sync: no base version, no global model. A
+participant that shares experience only (the sync loop's share
+"experience") keeps training its own model.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from fedrl.client.federation.errors import RejectedError
+from fedrl.client.federation.experience_client import (
+    KIND,
+    ExperienceClient,
+    Pulled,
+    queue_experience,
+)
+from fedrl.client.federation.experience_cursor import CursorFile
+from fedrl.client.federation.federation_client import FederationClient
+from fedrl.client.federation.outbox import Entry, Outbox
+from fedrl.client.federation.server_link import ServerLink
+from fedrl.client.training.experience_conversion import to_experience
+from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.mixed_replay import MixedReplay
+from fedrl.client.training.replay import PrioritizedReplay
+from fedrl.client.training.transitions import LearnerTransitions
+from fedrl.common.chunking import DEFAULT_CHUNK_BYTES
+from fedrl.common.config_cli import doc
+from fedrl.proto.v1 import federation_pb2 as fpb
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExchangeConfig:
+    """Experience exchange knobs of a participant."""
+
+    foreign_share: float = field(
+        default=0.25,
+        metadata=doc(
+            "Share of each training batch drawn from other participants' transitions; 0 turns "
+            "experience exchange off. DQN only: --algo ppo refuses the exchange options."
+        ),
+    )
+    push_transitions: int = field(
+        default=1024,
+        metadata=doc(
+            "Most transitions pushed to the session per sync: the newest of those collected "
+            "since the last push, each pushed once."
+        ),
+    )
+    pull_transitions: int = field(
+        default=4096, metadata=doc("Other participants' transitions asked for per sync.")
+    )
+    foreign_capacity: int = field(
+        default=50_000,
+        metadata=doc("Foreign transitions the replay keeps, apart from the local ones."),
+    )
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.foreign_share < 1.0:
+            raise ValueError(
+                f"foreign_share must lie in [0, 1): a learner needs some of its own data, "
+                f"got {self.foreign_share}"
+            )
+        for name in ("push_transitions", "pull_transitions", "foreign_capacity"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.foreign_share > 0.0
+
+
+class UnsentTransitions:
+    """The newest transitions the learner took in since the last push, at most `capacity`.
+
+    A ring of preallocated columns: older unsent rows are overwritten, since
+    a push takes at most `capacity` rows anyway. Not thread-safe (the
+    training thread owns it). In memory only: rows recorded but not yet
+    queued when the process dies are simply not shared; what was queued is
+    in the outbox and goes out exactly once.
+    """
+
+    def __init__(self, capacity: int, obs_shape: tuple[int, ...]) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self._obs_shape = tuple(obs_shape)
+        self._columns: dict[str, np.ndarray] = {
+            "obs": np.zeros((capacity, *obs_shape), dtype=np.float32),
+            "action": np.zeros(capacity, dtype=np.int64),
+            "reward": np.zeros(capacity, dtype=np.float32),
+            "next_obs": np.zeros((capacity, *obs_shape), dtype=np.float32),
+            "discount": np.zeros(capacity, dtype=np.float32),
+        }
+        self._capacity = capacity
+        self._next = 0
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def add(self, batch: LearnerTransitions) -> None:
+        """Append a (validated) batch, overwriting the oldest unsent rows once full."""
+        batch.validate(self._obs_shape)
+        skip = max(0, len(batch) - self._capacity)
+        slots = (self._next + skip + np.arange(len(batch) - skip)) % self._capacity
+        for name, column in self._columns.items():
+            column[slots] = getattr(batch, name)[skip:]
+        self._next = int((self._next + len(batch)) % self._capacity)
+        self._size = min(self._capacity, self._size + len(batch))
+
+    def take(self) -> LearnerTransitions | None:
+        """Every unsent row in arrival order, now counted as sent; None if there is none."""
+        if self._size == 0:
+            return None
+        slots = (self._next - self._size + np.arange(self._size)) % self._capacity
+        self._size = 0
+        return LearnerTransitions(**{name: column[slots] for name, column in self._columns.items()})
+
+
+def mixed_replay(
+    learner: LearnerConfig, obs_shape: tuple[int, ...], exchange: ExchangeConfig
+) -> MixedReplay:
+    """The replay for a Learner that exchanges experience: local as configured, foreign apart."""
+
+    def replay(capacity: int, seed: int) -> PrioritizedReplay:
+        return PrioritizedReplay(
+            capacity,
+            obs_shape,
+            prioritized=learner.prioritized,
+            alpha=learner.alpha,
+            eps=learner.priority_eps,
+            seed=seed,
+        )
+
+    return MixedReplay(
+        replay(learner.replay_capacity, learner.seed),
+        # Its own seed: the two replays must not draw the same slot sequence.
+        replay(exchange.foreign_capacity, learner.seed + 1),
+        foreign_share=exchange.foreign_share,
+        gamma=learner.gamma,
+    )
+
+
+class ExperienceSync:
+    """Experience exchange inside a sync loop, split by thread.
+
+    Training thread: `record` every batch the learner takes in, `queue` at
+    each sync, `adopt` at each round. Network thread: `exchange`, run by the
+    server link (`attach`) after every join and whenever `send_soon` is
+    called. At most one pulled result waits for adoption, so a slow learner
+    bounds the memory pulls can take.
+    """
+
+    def __init__(
+        self,
+        config: ExchangeConfig,
+        *,
+        obs_shape: tuple[int, ...],
+        n_step: int,
+        gamma: float,
+        spec_hash: str,
+        session: str,
+        participant_id: str,
+        cursor: CursorFile,
+    ) -> None:
+        self._config = config
+        self._unsent = UnsentTransitions(config.push_transitions, obs_shape)
+        self._n_step = n_step
+        self._gamma = gamma
+        self._spec_hash = spec_hash
+        self._session = session
+        self._participant_id = participant_id
+        self._cursor_file = cursor
+        self._cursor = cursor.load()
+        self._lock = threading.Lock()
+        self._pulled: Pulled | None = None
+        self._enabled = config.enabled
+        self._link: ServerLink | None = None
+        self._outbox: Outbox | None = None
+        self._client: ExperienceClient | None = None
+        self._rejoined = False
+        self._wake: Callable[[], None] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """False when the share is 0 or the server has no experience service."""
+        return self._enabled
+
+    def attach(self, link: ServerLink, outbox: Outbox) -> None:
+        """Exchange through the link: after every join, and whenever send_soon() is called."""
+        self._link = link
+        self._outbox = outbox
+        self._wake = link.add_task(
+            "experience exchange", self._exchange_on_link, on_join=self._joined
+        )
+
+    # Training thread.
+
+    def record(self, batch: LearnerTransitions) -> None:
+        if self._enabled:
+            self._unsent.add(batch)
+
+    def queue(self, outbox: Outbox, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Entry | None:
+        """Queue the transitions recorded since the last push; None if there are none."""
+        unsent = self._unsent.take() if self._enabled else None
+        if unsent is None:
+            return None
+        batch = to_experience(
+            unsent, n_step=self._n_step, gamma=self._gamma, spec_hash=self._spec_hash
+        )
+        return queue_experience(
+            outbox,
+            batch,
+            session=self._session,
+            participant_id=self._participant_id,
+            chunk_bytes=chunk_bytes,
+        )
+
+    def adopt(self, replay: MixedReplay) -> int:
+        """Add the waiting pull to the replay as foreign; returns the transitions added."""
+        with self._lock:
+            pulled, self._pulled = self._pulled, None
+        if pulled is None:
+            return 0
+        added = sum(len(batch) for _, batch in pulled.batches if replay.add_pulled(batch))
+        self._cursor_file.save(pulled.next_cursor)
+        return added
+
+    def send_soon(self) -> None:
+        """Have the network thread send what is queued and pull (after attach)."""
+        if self._wake is not None:
+            self._wake()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every queued batch is acknowledged (after attach); False if time ran out."""
+        link, outbox = self._require_attached()
+        return link.wait_until(
+            lambda: not (self._enabled and outbox.pending(KIND)),
+            wake=self.send_soon,
+            timeout_s=timeout_s,
+        )
+
+    # Network thread.
+
+    async def exchange(self, client: ExperienceClient, outbox: Outbox) -> None:
+        """Send queued batches, then pull once if the last pull was adopted.
+
+        UnavailableError passes to the caller (retry with backoff); a server
+        without the service turns exchange off for this run, with a warning.
+        """
+        if not self._enabled:
+            return
+        try:
+            await client.send_pending(outbox)
+            with self._lock:
+                waiting = self._pulled is not None
+            if waiting:
+                return
+            previous = self._cursor
+            pulled = await client.pull(previous, self._config.pull_transitions)
+        except RejectedError as exc:
+            if exc.code != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            log.warning("the server does not exchange experience (%s); exchange is off", exc)
+            self._enabled = False
+            return
+        self._cursor = pulled.next_cursor
+        # A moved cursor with no batches (only our own were new) is still worth keeping.
+        if pulled.batches or pulled.next_cursor != previous:
+            with self._lock:
+                self._pulled = pulled
+
+    async def _joined(self, client: FederationClient, reply: fpb.JoinReply) -> None:
+        _, outbox = self._require_attached()
+        outbox.observe_acknowledged(KIND, reply.last_experience_sequence)
+
+    async def _exchange_on_link(self) -> None:
+        link, outbox = self._require_attached()
+        if self._client is None:
+            self._client = ExperienceClient(
+                link.channel, participant_id=self._participant_id, session=self._session
+            )
+        try:
+            await self.exchange(self._client, outbox)
+        except RejectedError as exc:
+            if (
+                exc.code not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND)
+                or self._rejoined
+            ):
+                raise
+            # Not a member any more (e.g. a server restored from a backup):
+            # join again once rather than stop training over experience.
+            log.warning("experience exchange refused (%s); joining again", exc)
+            self._rejoined = True
+            await link.join()
+            return
+        self._rejoined = False
+
+    def _require_attached(self) -> tuple[ServerLink, Outbox]:
+        if self._link is None or self._outbox is None:
+            raise RuntimeError("experience sync not attached: call attach() first")
+        return self._link, self._outbox

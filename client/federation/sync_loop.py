@@ -1,0 +1,310 @@
+"""The sync loop: a participant's training engine federated with a fedrl server.
+
+The engine's poll loop runs in the main thread and calls
+`SyncLoop.after_poll` after every round; the network traffic runs on the
+server link's thread (fedrl.client.federation.server_link). What the
+participant shares with the session is its `share`:
+
+- "weights": its progress as weight deltas, averaged into global versions
+  that it adopts back (fedrl.client.federation.weight_sync);
+- "experience": its transitions, and other participants' into a foreign
+  replay (fedrl.client.federation.experience_sync). It keeps training its
+  own model: it never pushes a delta and never adopts a global model. It
+  joins (the server checks its model spec there, as for everyone) but does
+  not seed an empty session, since it contributes nothing to a global model.
+  Its episodes are not counted toward the session goal: the protocol
+  reports episodes with updates, and it sends none;
+- "both" (the default): both, each on its own task of the network thread.
+
+The experience half is on only with an exchange config whose foreign share
+is above 0 (`shares_experience`), so "both" with a share of 0 shares weights
+only.
+
+Every `sync_interval` local episodes the weight half pushes and the
+experience half queues a batch, each on its own clock. The run stops when
+the session goal is reached (the server says so, or its count plus this
+participant's unpushed episodes reach it): the current round finishes,
+`finish` pushes and queues what is left and flushes the outbox (bounded
+wait), and the caller saves.
+
+Exploration needs no global schedule: actors use fixed Ape-X rates
+(fedrl.client.training.exploration), not a decay from ε = 1, so a
+participant who joins a session late explores like everyone else from its
+first step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import grpc
+
+from fedrl.client.federation.backoff import BackoffPolicy
+from fedrl.client.federation.errors import SyncError, UnavailableError
+from fedrl.client.federation.experience_cursor import CursorFile
+from fedrl.client.federation.experience_sync import ExchangeConfig, ExperienceSync
+from fedrl.client.federation.outbox import Outbox, OutboxLimits
+from fedrl.client.federation.server_link import ServerLink, ServerView
+from fedrl.client.federation.sync_state import STATE_FILE
+from fedrl.client.federation.weight_sync import WeightSync
+from fedrl.client.training.engine import PollResult, TrainingEngine
+from fedrl.client.training.learner import Learner, TargetAtAdoption
+from fedrl.client.training.mixed_replay import MixedReplay
+from fedrl.common.spec import spec_hash
+from fedrl.proto.v1 import federation_pb2 as pb
+from fedrl.proto.v1 import tensor_pb2 as tpb
+
+log = logging.getLogger(__name__)
+
+Share = Literal["weights", "experience", "both"]
+"""What a participant shares with its session."""
+SHARES: tuple[Share, ...] = ("weights", "experience", "both")
+EXPERIENCE_CURSOR_FILE = "experience_cursor.json"
+
+_DEFAULT_OUTBOX_LIMITS = OutboxLimits()
+_DEFAULT_BACKOFF = BackoffPolicy()
+
+
+def shares_experience(share: Share, exchange: ExchangeConfig | None) -> bool:
+    """Whether a participant exchanges experience; ValueError for a share that cannot work.
+
+    The engine must then train from a MixedReplay (experience_sync.mixed_replay).
+    """
+    if share not in SHARES:
+        raise ValueError(f"share must be one of {', '.join(SHARES)}, got {share!r}")
+    enabled = exchange is not None and exchange.enabled
+    if share == "experience" and not enabled:
+        raise ValueError(
+            "sharing experience only needs a foreign share above 0 (--foreign-share), "
+            "or nothing would be shared"
+        )
+    return share != "weights" and enabled
+
+
+class SyncLoop:
+    """Shares the engine's weights, experience or both with a session; says when its goal is met."""
+
+    def __init__(
+        self,
+        engine: TrainingEngine,
+        *,
+        state_dir: Path,
+        participant_id: str,
+        session: str,
+        spec: tpb.ModelSpec,
+        channel_factory: Callable[[], grpc.aio.Channel],
+        share: Share = "both",
+        sync_interval: int = 10,
+        delta_dtype: str = "bfloat16",
+        evaluate_global: bool = True,
+        outbox_limits: OutboxLimits = _DEFAULT_OUTBOX_LIMITS,
+        backoff: BackoffPolicy = _DEFAULT_BACKOFF,
+        exchange: ExchangeConfig | None = None,
+        target_at_adoption: TargetAtAdoption = "reset",
+        on_record: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        """`exchange` with a share above 0 trades experience with the session (unless `share`
+        is "weights"); the engine must then have been built with `replay=mixed_replay(...)`.
+        `target_at_adoption` is what the learner's target network does when a global model
+        is adopted (Learner.set_weights).
+        `on_record` receives one metrics record per push ("sync") and adoption ("adopt")."""
+        if sync_interval < 1:
+            raise ValueError(f"sync interval must be at least one episode, got {sync_interval}")
+        self._engine = engine
+        self._dir = state_dir
+        self._participant_id = participant_id
+        self._session = session
+        self._spec = spec
+        self._channel_factory = channel_factory
+        self._sync_interval = sync_interval
+        self._outbox_limits = outbox_limits
+        self._backoff = backoff
+        self._weights: WeightSync | None = None
+        if share != "experience":
+            self._weights = WeightSync(
+                engine,
+                state_path=state_dir / STATE_FILE,
+                participant_id=participant_id,
+                session=session,
+                spec_hash=spec_hash(spec),
+                sync_interval=sync_interval,
+                delta_dtype=delta_dtype,
+                evaluate_global=evaluate_global,
+                target_at_adoption=target_at_adoption,
+                on_record=on_record,
+            )
+        self._experience: ExperienceSync | None = None
+        self._replay: MixedReplay | None = None
+        if shares_experience(share, exchange):
+            assert exchange is not None
+            if not isinstance(engine.learner, Learner):
+                raise ValueError(
+                    "experience exchange is off-policy data, which PPO does not learn from: "
+                    "share weights only (--share weights) for a PPO participant"
+                )
+            replay = engine.learner.replay
+            if not isinstance(replay, MixedReplay):
+                raise ValueError(
+                    "experience exchange needs the engine's learner to use a MixedReplay: "
+                    "build the engine with replay=mixed_replay(...), or set foreign_share to 0"
+                )
+            self._replay = replay
+            self._experience = ExperienceSync(
+                exchange,
+                obs_shape=engine.obs_shape,
+                n_step=engine.config.n_step,
+                gamma=engine.learner.config.gamma,
+                spec_hash=spec_hash(spec),
+                session=session,
+                participant_id=participant_id,
+                cursor=CursorFile(state_dir / EXPERIENCE_CURSOR_FILE),
+            )
+            engine.on_batch(self._experience.record)
+        self._link: ServerLink | None = None
+        self._outbox: Outbox | None = None
+        self._experience_queued_at = 0
+
+    @property
+    def state_path(self) -> Path:
+        return self._dir / STATE_FILE
+
+    # Start.
+
+    def start(self, *, connect_timeout_s: float = 20.0) -> pb.JoinReply | None:
+        """Join the session and restore the sync state; None when the server is unreachable.
+
+        SyncError when the session refuses this model, before anything local
+        is written, so a wrong model or session leaves the state dir as it was.
+        """
+        self._link = link = ServerLink(
+            channel_factory=self._channel_factory,
+            participant_id=self._participant_id,
+            session=self._session,
+            spec=self._spec,
+            backoff=self._backoff,
+        )
+        try:
+            link.start()
+            reply: pb.JoinReply | None = None
+            try:
+                reply = link.probe(connect_timeout_s)
+            except (UnavailableError, TimeoutError) as exc:
+                log.warning("server unreachable at start (%s); training offline until then", exc)
+            self._outbox = Outbox(self._dir / "outbox", limits=self._outbox_limits)
+            if self._weights is not None:
+                self._weights.attach(link, self._outbox)
+            if self._experience is not None:
+                self._experience.attach(link, self._outbox)
+            self._experience_queued_at = self._engine.counters.episodes
+            if reply is not None:
+                try:
+                    reply = link.connect()
+                except UnavailableError as exc:
+                    log.warning("server lost while joining (%s); retrying in the background", exc)
+                    reply = None
+            link.run_in_background()
+        except BaseException:
+            self.close()
+            raise
+        return reply
+
+    # Every round.
+
+    def after_poll(self, result: PollResult) -> None:
+        """Record the round; push and queue when their intervals are full; adopt what arrived."""
+        fatal = self._require_link().fatal
+        if fatal is not None:
+            raise SyncError(f"federation stopped: {fatal}")
+        if self._weights is not None:
+            self._weights.after_poll(result)
+        if self._experience is not None and self._replay is not None:
+            self._experience.adopt(self._replay)
+        # Its own clock: before the first adoption the weight half pushes
+        # nothing, but experience still goes out.
+        if self._engine.counters.episodes - self._experience_queued_at >= self._sync_interval:
+            self.queue_experience()
+
+    def push(self) -> int | None:
+        """Write the weight progress since the last push to the outbox; its sequence, or None."""
+        return self._weights.push() if self._weights is not None else None
+
+    def queue_experience(self) -> int | None:
+        """Queue a sample of recent transitions for the session; its sequence, or None if none.
+
+        Independent of push(): experience needs no base version, so it flows
+        before the first adoption too.
+        """
+        if self._experience is None or self._outbox is None:
+            return None
+        link = self._require_link()
+        self._experience_queued_at = self._engine.counters.episodes
+        entry = self._experience.queue(self._outbox, chunk_bytes=link.chunk_bytes)
+        if entry is None:
+            return None
+        self._experience.send_soon()
+        return entry.sequence
+
+    # Progress and stop.
+
+    @property
+    def view(self) -> ServerView:
+        return self._require_link().view
+
+    @property
+    def base_version(self) -> int:
+        return self._weights.base_version if self._weights is not None else -1
+
+    @property
+    def goal_reached(self) -> bool:
+        """The server says so, or its count plus this participant's unpushed episodes reach it.
+
+        The second half saves a sync interval of overshoot: the final push in
+        finish() then takes the session over the goal. A participant sharing
+        experience only pushes no episodes, so only the server's word counts.
+        """
+        goal = self.view.goal
+        if goal is None:
+            return False
+        if self._weights is None:
+            return goal.reached
+        unpushed = self._weights.unpushed_episodes
+        return goal.reached or goal.episodes_done + unpushed >= goal.total_episodes > 0
+
+    @property
+    def global_eval(self) -> float | None:
+        """Greedy return of the last global model evaluated here, if any."""
+        return self._weights.global_eval if self._weights is not None else None
+
+    def raise_goal(self, total_episodes: int) -> pb.GoalState:
+        return self._require_link().raise_goal(total_episodes)
+
+    def status(self) -> pb.StatusReply:
+        return self._require_link().status()
+
+    def finish(self, *, flush_timeout_s: float = 60.0, leave: bool = True) -> int:
+        """Push what is left, wait for the acknowledgements, leave; returns updates still unsent."""
+        link = self._require_link()
+        deadline = time.monotonic() + flush_timeout_s
+        self.queue_experience()
+        left = self._weights.finish(deadline=deadline) if self._weights is not None else 0
+        if self._experience is not None and not self._experience.flush(
+            max(0.0, deadline - time.monotonic())
+        ):
+            log.warning("experience batches stay in the outbox and will be sent by the next run")
+        if leave and self.view.connected:
+            link.leave("finished")
+        return left
+
+    def close(self) -> None:
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+
+    def _require_link(self) -> ServerLink:
+        if self._link is None:
+            raise RuntimeError("sync loop not started: call start() first")
+        return self._link

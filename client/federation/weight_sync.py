@@ -1,0 +1,588 @@
+"""Weight sync: the participant's progress pushed as weight deltas, the global model adopted back.
+
+Two halves, one per thread. `WeightSync` runs in the main thread, between
+the engine's rounds; `WeightTraffic` is its task on the network thread
+(fedrl.client.federation.server_link). They meet in three places only: the
+durable outbox (main thread writes, network thread sends and deletes), a
+"sendable through" sequence number, and a slot holding the newest pulled
+global model, which the main thread adopts at its next round.
+
+Every `sync_interval` local episodes (PPO: after every rollout update, the
+unit of its progress), once the previous update has been acknowledged (one
+in flight at a time, so a slow link or the server's rate limit makes updates
+larger, not late), the main thread:
+
+1. takes an INCREMENTAL delta, local − reference, where the reference is the
+   weights at the last push or adoption (the lead's decision: a delta from
+   the last adopted global would resend the previous push's progress when no
+   new global arrived in between, counting it twice), writes it to the outbox
+   with the counts since the last push and the metrics, then records the new
+   reference in the sync state file, and only then lets the network thread
+   send it;
+2. adopts a newer global version g if the network thread pulled one (it
+   pulls as soon as the link hears of a new version): local := g + (local −
+   reference), the reference := g. The term in brackets is what was learned
+   since the last push and not yet sent, so adoption loses no local work.
+   The learner's target network is reset to the new weights by default
+   (`target_at_adoption` also offers keep and shift). The optimizer state
+   (Adam's moments) is kept: it describes the loss surface around a nearby
+   model, and resetting it would restart Adam's bias correction with
+   oversized first steps after every sync.
+3. at the end (the session goal, the run's budget, Ctrl-C) pushes the
+   remaining progress and waits, bounded, for its acknowledgement
+   (`finish`); the caller saves.
+
+Refused updates. An update the server refuses as too stale (FAILED_PRECONDITION
+after a rejoin, e.g. a backlog after a long outage) is handed back by the
+outbox; the main thread subtracts its delta from the reference and its
+counts from the pushed counters, so its progress and its episodes leave
+again with the next update, based on a newer version. Any other refusal (a
+malformed update: a bug) is logged and kept in the outbox's rejected/ folder.
+
+Crash safety. The sync state file (fedrl.client.federation.sync_state) is
+written after each outbox entry and each adoption, and read back at start:
+
+- if the autosaved model is not newer than the sync state (by episodes), the
+  sync state's local weights and counters win, so the reference and the
+  local model always belong together;
+- an outbox entry past the state's sequence (a crash between writing the
+  entry and the state) is folded into the reference, so its delta is not
+  sent again inside the next one;
+- a handed-back update is taken back unless the state lists its sequence as
+  taken back already (a crash before its file was deleted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+from fedrl.client.federation.errors import AlreadySeededError, RejectedError, UnavailableError
+from fedrl.client.federation.federation_client import (
+    FederationClient,
+    GlobalModel,
+    build_update,
+)
+from fedrl.client.federation.outbox import Entry, Outbox, decode_update, update_messages
+from fedrl.client.federation.server_link import ServerLink
+from fedrl.client.federation.sync_state import (
+    NamedArrays,
+    SyncState,
+    load_sync_state,
+    save_sync_state,
+)
+from fedrl.client.training.engine import PollResult, TrainingEngine
+from fedrl.client.training.learner import TARGET_AT_ADOPTION, TargetAtAdoption
+from fedrl.proto.v1 import federation_pb2 as pb
+from fedrl.proto.v1 import tensor_pb2 as tpb
+
+log = logging.getLogger(__name__)
+
+UPDATE = "update"
+"""The outbox kind of weight updates."""
+DELTA_DTYPES = {
+    "bfloat16": tpb.DTYPE_BFLOAT16,
+    "float16": tpb.DTYPE_FLOAT16,
+    "float32": tpb.DTYPE_FLOAT32,
+}
+
+
+class WeightSync:
+    """The main thread's half: pushes the engine's progress and adopts global models."""
+
+    def __init__(
+        self,
+        engine: TrainingEngine,
+        *,
+        state_path: Path,
+        participant_id: str,
+        session: str,
+        spec_hash: str,
+        sync_interval: int,
+        delta_dtype: str,
+        evaluate_global: bool,
+        target_at_adoption: TargetAtAdoption,
+        on_record: Callable[[dict[str, Any]], None] | None,
+    ) -> None:
+        if target_at_adoption not in TARGET_AT_ADOPTION:
+            raise ValueError(
+                f"target_at_adoption must be one of {', '.join(TARGET_AT_ADOPTION)}, "
+                f"got {target_at_adoption!r}"
+            )
+        if sync_interval < 1:
+            raise ValueError(f"sync interval must be at least one episode, got {sync_interval}")
+        if delta_dtype not in DELTA_DTYPES:
+            raise ValueError(
+                f"delta dtype must be one of {', '.join(DELTA_DTYPES)}, got {delta_dtype!r}"
+            )
+        self._engine = engine
+        self.state_path = state_path
+        self._participant_id = participant_id
+        self._session = session
+        self._spec_hash = spec_hash
+        self._sync_interval = sync_interval
+        self._delta_dtype = DELTA_DTYPES[delta_dtype]
+        self._evaluate_global = evaluate_global
+        self._target_at_adoption: TargetAtAdoption = target_at_adoption
+        self._on_record = on_record
+        self._state: SyncState | None = None
+        self._link: ServerLink | None = None
+        self._outbox: Outbox | None = None
+        self._traffic: WeightTraffic | None = None
+        self._returns: list[float] = []
+        self._losses: list[float] = []
+        self._eval_since_push: float | None = None
+        self._base_eval: tuple[int, float] | None = None
+        self._next_global_eval = 0
+        self._taken_back_count = 0
+
+    def attach(self, link: ServerLink, outbox: Outbox) -> None:
+        """Restore the sync state (module docstring), then send and pull through the link."""
+        self._link = link
+        self._outbox = outbox
+        state = self._restore(outbox)
+        self._traffic = WeightTraffic(link, outbox, seed_weights=state.local)
+        self._traffic.release(state.sequence)
+
+    def _restore(self, outbox: Outbox) -> SyncState:
+        """Reconcile the sync state, the outbox and the autosaved model (module docstring)."""
+        counters = self._engine.counters
+        state = load_sync_state(self.state_path)
+        if state is None:
+            state = self._nothing_to_push(self._engine.weights(), base_version=-1, sequence=0)
+        for entry in outbox.pending(UPDATE):
+            if entry.sequence > state.sequence:
+                header, delta = decode_update(entry)
+                log.info(
+                    "folding update %d into the reference (written before a crash)", entry.sequence
+                )
+                reference = [
+                    (n, r + d) for (n, r), (_, d) in zip(state.reference, delta, strict=True)
+                ]
+                state = replace(
+                    state,
+                    sequence=entry.merged_through,
+                    reference=reference,
+                    local=reference,
+                    pushed_episodes=state.pushed_episodes + header.episodes,
+                    pushed_env_steps=state.pushed_env_steps + header.env_steps,
+                    saved_episodes=state.pushed_episodes + header.episodes,
+                    saved_env_steps=state.pushed_env_steps + header.env_steps,
+                )
+        if counters.episodes <= state.saved_episodes and state.saved_episodes > 0:
+            # The autosaved model is older than the sync state: take the model
+            # the reference belongs to, and the counters it was written with.
+            log.info("resuming from the sync state's model at episode %d", state.saved_episodes)
+            self._engine.set_weights(state.local)
+            self._engine.restore_counters(
+                replace(counters, episodes=state.saved_episodes, env_steps=state.saved_env_steps)
+            )
+        self._state = state
+        self._take_back_returned()
+        return self._state
+
+    def _take_back(self, state: SyncState, entry: Entry) -> SyncState:
+        """Put a refused update's progress back into local − reference, and its counts."""
+        header, delta = decode_update(entry)
+        log.warning(
+            "update %d (%d episodes) was refused as too stale; its progress goes into the "
+            "next update",
+            entry.sequence,
+            header.episodes,
+        )
+        return replace(
+            state,
+            reference=[(n, r - d) for (n, r), (_, d) in zip(state.reference, delta, strict=True)],
+            pushed_episodes=state.pushed_episodes - header.episodes,
+            pushed_env_steps=state.pushed_env_steps - header.env_steps,
+            taken_back=(*state.taken_back, entry.sequence),
+        )
+
+    def _take_back_returned(self) -> None:
+        assert self._state is not None and self._outbox is not None
+        returned = self._outbox.returned(UPDATE)
+        state = self._state
+        for entry in returned:
+            if entry.sequence not in state.taken_back:
+                state = self._take_back(state, entry)
+        self._state = state
+        save_sync_state(self.state_path, state)
+        for entry in returned:
+            self._outbox.forget_returned(UPDATE, entry.sequence)
+
+    # Every round.
+
+    def after_poll(self, result: PollResult) -> None:
+        """Record the round; push when the interval is full; adopt a pulled global model."""
+        assert self._state is not None and self._outbox is not None
+        self._returns.extend(result.episode_returns)
+        if "loss" in result.train_metrics:
+            self._losses.append(result.train_metrics["loss"])
+        if result.evaluation is not None:
+            self._eval_since_push = result.evaluation.mean
+        self._absorb()
+        due = (
+            result.policy_updates > 0
+            if self._engine.on_policy
+            else self.unpushed_episodes >= self._sync_interval
+        )
+        if due and not self._outbox.pending(UPDATE):
+            # One update in flight at a time: while the previous one waits
+            # (a slow link, the server's rate limit, an outage) the progress
+            # keeps growing in local − reference and leaves as one fresher
+            # update, instead of a queue of deltas on ever older bases that
+            # the global model would take in late.
+            self.push()
+
+    def _absorb(self) -> None:
+        """Take back updates the server handed back; adopt a newly pulled global model."""
+        traffic = self._require_traffic()
+        given_back = traffic.given_back
+        if given_back != self._taken_back_count:
+            self._taken_back_count = given_back
+            self._take_back_returned()
+        model = traffic.take_pending()
+        if model is not None:
+            self._adopt(model)
+
+    def push(self) -> int | None:
+        """Write the progress since the last push to the outbox; its sequence, or None if none."""
+        assert self._state is not None and self._outbox is not None
+        state = self._state
+        counters = self._engine.counters
+        env_steps = counters.env_steps - state.pushed_env_steps
+        if state.base_version < 0 or env_steps <= 0:
+            # Never synced: the progress stays in local − reference and goes
+            # out with the first push after the first adoption.
+            return None
+        local = self._engine.weights()
+        delta = [(n, w - r) for (n, w), (_, r) in zip(local, state.reference, strict=True)]
+        metrics = self._metrics()
+        episodes = counters.episodes - state.pushed_episodes
+        entry = self._outbox.add(
+            UPDATE,
+            lambda sequence: [
+                m.SerializeToString()
+                for m in build_update(
+                    session=self._session,
+                    participant_id=self._participant_id,
+                    sequence=sequence,
+                    base_version=state.base_version,
+                    env_steps=env_steps,
+                    episodes=episodes,
+                    samples=env_steps,
+                    metrics=metrics,
+                    spec_hash=self._spec_hash,
+                    delta=delta,
+                    dtype=self._delta_dtype,
+                )
+            ],
+        )
+        self._state = self._nothing_to_push(
+            local,
+            base_version=state.base_version,
+            sequence=entry.sequence,
+            taken_back=state.taken_back,
+        )
+        save_sync_state(self.state_path, self._state)
+        self._require_traffic().release(entry.sequence)
+        self._returns, self._losses, self._eval_since_push = [], [], None
+        view = self._require_link().view
+        self._record(
+            "sync",
+            sequence=entry.sequence,
+            base_version=state.base_version,
+            episodes=episodes,
+            version=view.version,
+            active_participants=view.active_participants,
+            session_episodes=view.goal.episodes_done if view.goal else None,
+            session_goal=view.goal.total_episodes if view.goal else None,
+        )
+        return entry.sequence
+
+    def _nothing_to_push(
+        self,
+        weights: NamedArrays,
+        *,
+        base_version: int,
+        sequence: int,
+        taken_back: tuple[int, ...] = (),
+    ) -> SyncState:
+        """A state as of now with all progress pushed: reference and model are `weights`."""
+        counters = self._engine.counters
+        return SyncState(
+            base_version=base_version,
+            sequence=sequence,
+            pushed_episodes=counters.episodes,
+            pushed_env_steps=counters.env_steps,
+            saved_episodes=counters.episodes,
+            saved_env_steps=counters.env_steps,
+            reference=weights,
+            local=weights,
+            taken_back=taken_back,
+        )
+
+    def _record(self, kind: str, **fields: Any) -> None:
+        if self._on_record is None:
+            return
+        counters = self._engine.counters
+        record: dict[str, Any] = {
+            "kind": kind,
+            "time": round(time.time(), 3),
+            "episode": counters.episodes,
+            "env_steps": counters.env_steps,
+        }
+        record.update({key: value for key, value in fields.items() if value is not None})
+        self._on_record(record)
+
+    def _metrics(self) -> pb.UpdateMetrics:
+        metrics = pb.UpdateMetrics()
+        if self._returns:
+            metrics.mean_return = float(np.mean(self._returns))
+        if self._eval_since_push is not None:
+            metrics.eval_return = self._eval_since_push
+        if self._base_eval is not None and self._state is not None:
+            version, value = self._base_eval
+            if version == self._state.base_version:
+                metrics.base_eval_return = value
+        if self._losses and math.isfinite(loss := float(np.mean(self._losses))):
+            metrics.loss = loss
+        return metrics
+
+    def _adopt(self, model: GlobalModel) -> None:
+        assert self._state is not None
+        state = self._state
+        if model.version <= state.base_version:
+            return
+        local = self._engine.weights()
+        rebased = [
+            (n, (g + (w - r)).astype(np.float32))
+            for (n, g), (_, w), (_, r) in zip(model.tensors, local, state.reference, strict=True)
+        ]
+        counters = self._engine.counters
+        self._state = replace(
+            state,
+            base_version=model.version,
+            saved_episodes=counters.episodes,
+            saved_env_steps=counters.env_steps,
+            reference=model.tensors,
+            local=rebased,
+        )
+        save_sync_state(self.state_path, self._state)
+        interval = self._engine.config.eval_interval
+        if self._evaluate_global and interval and counters.env_steps >= self._next_global_eval:
+            # The server tracks the best global version by this number. Like
+            # the local evaluation, at most once per eval_interval env steps:
+            # a good CartPole model costs 5000 greedy steps per evaluation.
+            self._base_eval = (model.version, self._engine.evaluate(model.tensors).mean)
+            self._next_global_eval = counters.env_steps + interval
+        self._engine.set_weights(rebased, target=self._target_at_adoption)
+        log.info("adopted global version %d", model.version)
+        global_eval = (
+            self._base_eval[1] if self._base_eval and self._base_eval[0] == model.version else None
+        )
+        self._record("adopt", version=model.version, global_eval=global_eval)
+
+    # Progress and stop.
+
+    @property
+    def base_version(self) -> int:
+        return self._state.base_version if self._state is not None else -1
+
+    @property
+    def unpushed_episodes(self) -> int:
+        """Episodes trained since the last push (the session does not count them yet)."""
+        pushed = self._state.pushed_episodes if self._state is not None else 0
+        return self._engine.counters.episodes - pushed
+
+    @property
+    def global_eval(self) -> float | None:
+        """Greedy return of the last global model evaluated here, if any."""
+        return self._base_eval[1] if self._base_eval is not None else None
+
+    def finish(self, *, deadline: float) -> int:
+        """Push what is left and wait (until `deadline`, monotonic) for the acknowledgements.
+
+        Returns how many updates stay unsent in the outbox.
+        """
+        link, traffic = self._require_link(), self._require_traffic()
+        assert self._outbox is not None
+        while link.fatal is None:
+            assert self._state is not None
+            if self._state.base_version < 0 and link.view.connected:
+                # Joined, but no global model adopted yet: without a base the
+                # progress cannot be pushed, so fetch one first.
+                with contextlib.suppress(UnavailableError, RejectedError, TimeoutError):
+                    traffic.refresh_now(max(1.0, deadline - time.monotonic()))
+            self._absorb()
+            self.push()
+            if not traffic.flush(max(0.0, deadline - time.monotonic())):
+                log.warning("the server did not acknowledge every update in time")
+                break
+            if traffic.given_back == self._taken_back_count:
+                break
+            # The last push was refused as too stale: fetch the newest version,
+            # rebase onto it and push the same progress again.
+            with contextlib.suppress(UnavailableError, RejectedError, TimeoutError):
+                traffic.refresh_now(max(1.0, deadline - time.monotonic()))
+        left = len(self._outbox.pending(UPDATE))
+        if left:
+            log.warning("%d updates stay in the outbox and will be sent by the next run", left)
+        return left
+
+    def _require_link(self) -> ServerLink:
+        if self._link is None:
+            raise RuntimeError("weight sync not attached: call attach() first")
+        return self._link
+
+    def _require_traffic(self) -> WeightTraffic:
+        if self._traffic is None:
+            raise RuntimeError("weight sync not attached: call attach() first")
+        return self._traffic
+
+
+class WeightTraffic:
+    """The network thread's half: sends released updates, pulls versions the link hears of."""
+
+    def __init__(self, link: ServerLink, outbox: Outbox, *, seed_weights: NamedArrays) -> None:
+        self._link = link
+        self._outbox = outbox
+        self._seed_weights = seed_weights
+        # Network thread only.
+        self._held: GlobalModel | None = None
+        self._rejoined_for: int | None = None
+        # Shared with the main thread, under _lock.
+        self._lock = threading.Lock()
+        self._sendable_through = 0
+        self._pending: GlobalModel | None = None
+        self._given_back = 0
+        self._wake = link.add_task("weight sync", self._work, on_join=self._joined, on_notice=True)
+
+    # Main-thread side.
+
+    def release(self, sequence: int) -> None:
+        """Updates up to `sequence` are recorded in the sync state: they may go out."""
+        with self._lock:
+            self._sendable_through = max(self._sendable_through, sequence)
+        self._wake()
+
+    def take_pending(self) -> GlobalModel | None:
+        """The newest pulled global model not adopted yet, if any."""
+        with self._lock:
+            model, self._pending = self._pending, None
+            return model
+
+    @property
+    def given_back(self) -> int:
+        """How many updates were handed back so far (the main thread takes them back)."""
+        with self._lock:
+            return self._given_back
+
+    def refresh_now(self, timeout_s: float) -> None:
+        """Ask for the newest global version and pull it now (for take_pending)."""
+        self._link.call(asyncio.wait_for(self._refresh(), timeout_s), timeout_s + 5)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until every released update is acknowledged; False if time ran out."""
+        return self._link.wait_until(self._all_sent, wake=self._wake, timeout_s=timeout_s)
+
+    # Network-thread side.
+
+    async def _joined(self, client: FederationClient, reply: pb.JoinReply) -> None:
+        """After every join: lift the outbox past what the server holds; seed an empty session."""
+        self._outbox.observe_acknowledged(UPDATE, reply.last_update_sequence)
+        if reply.current_version >= 0:
+            return
+        try:
+            version = await client.seed_model(self._seed_weights)
+            log.info("seeded session %r with this participant's model", client.session)
+        except AlreadySeededError:
+            version = (await client.get_version()).current_version
+        self._link.update_view(version=version)
+
+    async def _work(self) -> None:
+        await self._send_released()
+        await self._pull_newer()
+
+    async def _send_released(self) -> None:
+        client = self._link.client
+        outbox = self._outbox
+        while True:
+            pending = outbox.pending(UPDATE)
+            with self._lock:
+                through = self._sendable_through
+            if not pending or pending[0].merged_through > through:
+                return
+            entry = outbox.next_to_send(UPDATE, through=through)
+            assert entry is not None
+            try:
+                reply = await client.push_update(update_messages(entry))
+            except RejectedError as exc:
+                if (
+                    exc.code == grpc.StatusCode.FAILED_PRECONDITION
+                    and self._rejoined_for != entry.sequence
+                ):
+                    # The server may have forgotten us (a restored backup):
+                    # join again and retry once before giving the update up.
+                    self._rejoined_for = entry.sequence
+                    await self._link.join()
+                    continue
+                if exc.code == grpc.StatusCode.FAILED_PRECONDITION:
+                    # Refused as it stands (too stale): its progress goes into
+                    # the next update, which is based on a newer version.
+                    outbox.give_back(UPDATE, entry.sequence, str(exc))
+                    with self._lock:
+                        self._given_back += 1
+                else:
+                    outbox.reject(UPDATE, entry.sequence, str(exc))
+                continue
+            outbox.acknowledge(UPDATE, entry.sequence)
+            if reply.duplicate:
+                log.info(
+                    "update %d had been acknowledged before the restart; the server kept "
+                    "its first answer",
+                    entry.sequence,
+                )
+            # Only this task counts acknowledgements, so reading and writing
+            # them in two steps loses none.
+            view = self._link.view
+            self._link.update_view(
+                goal=reply.goal,
+                acknowledged=view.acknowledged + 1,
+                duplicates=view.duplicates + int(reply.duplicate),
+            )
+
+    async def _pull_newer(self) -> None:
+        """Pull the newest global version if the link heard of one newer than the one held."""
+        held = self._held.version if self._held is not None else -1
+        if self._link.view.version <= held:
+            return
+        model = await self._link.client.pull_model(have=self._held)
+        self._held = model
+        with self._lock:
+            self._pending = model
+
+    async def _refresh(self) -> None:
+        notice = await self._link.client.get_version()
+        self._link.update_view(
+            version=notice.current_version,
+            goal=notice.goal,
+            active_participants=notice.active_participants,
+        )
+        await self._pull_newer()
+
+    def _all_sent(self) -> bool:
+        with self._lock:
+            through = self._sendable_through
+        return not any(e.sequence <= through for e in self._outbox.pending(UPDATE))

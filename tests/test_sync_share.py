@@ -1,0 +1,188 @@
+"""What a participant shares: weights only, experience only, or both; real engines and server."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from click.testing import CliRunner
+
+from fedrl.client.commands.cli import main
+from fedrl.client.commands.config import TrainConfig
+from fedrl.client.federation.backoff import BackoffPolicy
+from fedrl.client.federation.experience_client import KIND
+from fedrl.client.federation.experience_sync import ExchangeConfig, mixed_replay
+from fedrl.client.federation.model_spec import model_spec
+from fedrl.client.federation.outbox import Outbox
+from fedrl.client.federation.sync_loop import Share, SyncLoop, shares_experience
+from fedrl.client.federation.weight_sync import UPDATE
+from fedrl.client.training.engine import EngineConfig, TrainingEngine
+from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.mixed_replay import MixedReplay
+from fedrl.client.training.q_network import architecture_name
+from fedrl.common.config_cli import config_from_options
+from fedrl.proto.v1 import federation_pb2 as pb
+from tests.support.experience import Server
+
+SMALL = LearnerConfig(hidden=(32, 32), learning_starts=64, batch_size=32, device="cpu")
+EXCHANGE = ExchangeConfig(
+    foreign_share=0.25, push_transitions=200, pull_transitions=2000, foreign_capacity=10_000
+)
+
+
+@contextmanager
+def participant(
+    address: str,
+    state_dir: Path,
+    participant_id: str,
+    share: Share,
+    *,
+    mixed: bool = True,
+    seed: int = 0,
+    records: list[dict[str, Any]] | None = None,
+) -> Iterator[tuple[TrainingEngine, SyncLoop]]:
+    """A started engine (trained from a MixedReplay when `mixed`) and its sync loop."""
+    engine = TrainingEngine(
+        EngineConfig(workers=0, envs_per_worker=2, eval_interval=0, seed=seed),
+        SMALL,
+        replay=(lambda learner, shape: mixed_replay(learner, shape, EXCHANGE)) if mixed else None,
+    )
+    spec = model_spec("CartPole-v1", engine.weights(), architecture_name(SMALL.hidden, True))
+    loop = SyncLoop(
+        engine,
+        state_dir=state_dir,
+        participant_id=participant_id,
+        session="default",
+        spec=spec,
+        channel_factory=lambda: grpc.aio.insecure_channel(address),
+        share=share,
+        sync_interval=3,
+        evaluate_global=False,
+        backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
+        exchange=EXCHANGE,
+        on_record=None if records is None else records.append,
+    )
+    try:
+        loop.start(connect_timeout_s=5.0)
+        engine.start()
+        yield engine, loop
+    finally:
+        loop.close()
+        engine.close()
+
+
+def foreign_rows(engine: TrainingEngine) -> int:
+    replay = engine.learner.replay
+    assert isinstance(replay, MixedReplay)
+    return len(replay.foreign)
+
+
+def participants_on(server: Server) -> dict[str, pb.ParticipantState]:
+    federation, _ = server.stubs()
+    status = federation.Status(pb.StatusRequest(session="default"))
+    return {p.participant_id: p for p in status.sessions[0].participants}
+
+
+def test_an_experience_only_participant_shares_transitions_and_keeps_its_own_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    records: list[dict[str, Any]] = []
+    replaced: list[object] = []
+    server = Server(tmp_path / "server").start()
+    try:
+        with participant(
+            server.address, tmp_path / "a", "Макар", "experience", records=records
+        ) as (engine, loop):
+            monkeypatch.setattr(engine, "set_weights", lambda *a, **k: replaced.append(a))
+            while engine.counters.episodes < 6:
+                loop.after_poll(engine.poll())
+            federation, _ = server.stubs()
+            alone = federation.GetVersion(pb.GetVersionRequest(session="default"))
+            with participant(server.address, tmp_path / "b", "alice", "both", seed=1) as other:
+                deadline = time.monotonic() + 90
+                # Until the session has moved past the model alice seeded and
+                # each side holds the other's transitions.
+                while not (
+                    loop.view.version >= 2 and foreign_rows(engine) and foreign_rows(other[0])
+                ):
+                    assert time.monotonic() < deadline, f"only got to {loop.view}"
+                    loop.after_poll(engine.poll())
+                    other[1].after_poll(other[0].poll())
+                left = [loop.finish(), other[1].finish()]
+        on_server = participants_on(server)
+    finally:
+        server.stop()
+
+    assert alone.current_version == -1, "an experience-only participant seeded the session"
+    assert replaced == [] and records == []
+    assert loop.base_version == -1
+    assert left == [0, 0]
+    assert on_server["Макар"].updates_accepted == 0
+    assert on_server["Макар"].experience_batches > 0
+    assert on_server["alice"].updates_accepted > 0
+    assert Outbox(tmp_path / "a" / "outbox").size(UPDATE) == (0, 0)
+    assert not (tmp_path / "a" / "state.npz").exists()
+
+
+def test_a_weights_only_participant_never_calls_the_experience_service(tmp_path: Path) -> None:
+    records: list[dict[str, Any]] = []
+    server = Server(tmp_path / "server").start()
+    try:
+        # An exchange config with a share above 0 is given, and still unused.
+        with participant(
+            server.address, tmp_path / "a", "Макар", "weights", mixed=False, records=records
+        ) as (engine, loop):
+            deadline = time.monotonic() + 60
+            while not {"sync", "adopt"} <= {r["kind"] for r in records}:
+                assert time.monotonic() < deadline, f"records so far: {records}"
+                loop.after_poll(engine.poll())
+            loop.finish()
+        on_server = participants_on(server)
+    finally:
+        server.stop()
+
+    assert on_server["Макар"].updates_accepted > 0
+    assert on_server["Макар"].experience_batches == 0
+    assert Outbox(tmp_path / "a" / "outbox").size(KIND) == (0, 0)
+    assert not (tmp_path / "a" / "experience_cursor.json").exists()
+
+
+def test_the_share_decides_whether_experience_is_exchanged() -> None:
+    off = ExchangeConfig(foreign_share=0.0)
+
+    assert shares_experience("both", EXCHANGE) and shares_experience("experience", EXCHANGE)
+    assert not shares_experience("weights", EXCHANGE)
+    assert not shares_experience("both", off) and not shares_experience("both", None)
+    with pytest.raises(ValueError, match="foreign share above 0"):
+        shares_experience("experience", off)
+
+
+def test_the_share_option_reaches_the_config_and_a_useless_one_stops_before_training(
+    tmp_path: Path,
+) -> None:
+    config = config_from_options(TrainConfig, {"share": "experience"})
+    result = CliRunner().invoke(
+        main,
+        [
+            "--participant-id",
+            "alice",
+            "--share",
+            "experience",
+            "--foreign-share",
+            "0",
+            "--server",
+            "127.0.0.1:1",
+            "--state-dir",
+            str(tmp_path),
+        ],
+    )
+
+    assert config.share == "experience"
+    assert result.exit_code == 1
+    assert "foreign share above 0" in result.output
+    assert not (tmp_path / "alice").exists()
