@@ -15,8 +15,10 @@ move in the same transaction as the ack row, so they can never disagree.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import functools
+import itertools
 import json
 import os
 import sqlite3
@@ -103,6 +105,9 @@ CREATE TABLE IF NOT EXISTS acks (
     PRIMARY KEY (session, participant_id, sequence)
 );
 CREATE INDEX IF NOT EXISTS acks_by_lsn ON acks (session, lsn);
+-- Covers the env steps per version of the status view (each version's place on
+-- the learning curve), so that sum reads the index alone.
+CREATE INDEX IF NOT EXISTS acks_by_version ON acks (session, applied_version, env_steps);
 """
 
 
@@ -474,6 +479,7 @@ class StateDB:
                 (row.name,),
             ).fetchall()
         )
+        env_steps = self._env_steps_by_version(row.name)
         for version in self._version_rows(row.name, limit=max_versions):
             listed = state.versions.add(
                 version=version.version,
@@ -482,6 +488,7 @@ class StateDB:
                 contributors=list(version.contributors),
                 max_staleness=version.max_staleness,
                 checkpoint=version.checkpoint,
+                env_steps=env_steps(version.version),
             )
             if version.mean_return is not None:
                 listed.mean_return = version.mean_return
@@ -496,6 +503,28 @@ class StateDB:
             ).fetchone()
             state.best_checkpoint = found[0] if found else ""
         return state
+
+    def _env_steps_by_version(self, session: str) -> Callable[[int], int]:
+        """Env steps folded into each version and its ancestors, as a lookup by version.
+
+        Versions form one chain (each is its parent plus the updates folded
+        into it), so the sum over acks applied at or below a version is what
+        the global model had learned from at that version.
+        """
+        rows = self._conn.execute(
+            "SELECT applied_version, SUM(env_steps) FROM acks "
+            "WHERE session=? AND applied_version IS NOT NULL "
+            "GROUP BY applied_version ORDER BY applied_version",
+            (session,),
+        ).fetchall()
+        versions = [int(v) for v, _ in rows]
+        totals = list(itertools.accumulate(int(steps) for _, steps in rows))
+
+        def lookup(version: int) -> int:
+            at = bisect.bisect_right(versions, version)
+            return totals[at - 1] if at else 0
+
+        return lookup
 
 
 def goal_state(total: int, done: int) -> pb.GoalState:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from pathlib import Path
 
 import numpy as np
@@ -129,3 +130,25 @@ def test_served_process_offers_federation_and_experience_exchange(tmp_path: Path
         }
 
     assert set(statuses.values()) == {health_pb2.HealthCheckResponse.SERVING}
+
+
+def test_each_version_counts_the_env_steps_folded_into_it_and_its_ancestors(
+    tmp_path: Path,
+) -> None:
+    config = server_config(tmp_path / "data", buffer_size=1)
+    with InProcessServer(config) as server:
+        stub = server.stub()
+        join(stub, "Макар", SPEC)
+        seed(stub, "Макар", SPEC, [np.zeros(4, np.float32)])
+        for sequence, steps in ((1, 100), (2, 250)):
+            push(
+                stub, "Макар", SPEC, [np.ones(4, np.float32)],
+                sequence=sequence, base_version=0, env_steps=steps,
+            )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while stub.Status(pb.StatusRequest()).sessions[0].current_version < 2:
+            assert time.monotonic() < deadline, "no version 2 within a minute"
+            time.sleep(0.05)
+        versions = stub.Status(pb.StatusRequest()).sessions[0].versions
+
+    assert [(v.version, v.env_steps) for v in versions] == [(2, 350), (1, 100), (0, 0)]
