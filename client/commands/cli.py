@@ -25,6 +25,7 @@ from fedrl.client.commands.plot import plot_command
 from fedrl.client.commands.progress import ProgressReporter, TrainingProgress, mean_epsilon
 from fedrl.client.commands.state_dir import Autosaver, ModelIdentity, StateDir, StateError
 from fedrl.client.commands.system_check import check_command
+from fedrl.client.commands.training_events import TrainingEvents, tensorboard_dir
 from fedrl.client.federation.channel import ChannelSecurityError, open_channel
 from fedrl.client.federation.experience_exchange import mixed_replay
 from fedrl.client.federation.federation_client import FederationClient, FederationError
@@ -82,7 +83,7 @@ def train_offline(config: TrainConfig) -> Counters:
         env=config.engine.env,
         architecture=architecture_name(config.learner.hidden, config.learner.dueling),
     )
-    state = StateDir(config.state_dir, config.participant_id, identity)
+    state = open_state_dir(config, identity)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     engine = TrainingEngine(config.engine, config.learner)
     try:
@@ -105,11 +106,7 @@ def train_offline(config: TrainConfig) -> Counters:
         progress = TrainingProgress(
             reporter,
             target=goal,
-            epsilon=mean_epsilon(
-                max(1, config.engine.workers) * config.engine.envs_per_worker,
-                base=config.engine.exploration_base,
-                alpha=config.engine.exploration_alpha,
-            ),
+            epsilon=run_epsilon(config),
             replay_size=lambda: len(engine.learner.replay),
         )
 
@@ -152,7 +149,7 @@ def train_federated(config: TrainConfig) -> Counters:
         env=config.engine.env,
         architecture=architecture_name(config.learner.hidden, config.learner.dueling),
     )
-    state = StateDir(config.state_dir, config.participant_id, identity)
+    state = open_state_dir(config, identity)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     exchange = config.exchange
     engine = TrainingEngine(
@@ -205,11 +202,7 @@ def train_federated(config: TrainConfig) -> Counters:
         progress = TrainingProgress(
             reporter,
             target=start + config.episodes,
-            epsilon=mean_epsilon(
-                max(1, config.engine.workers) * config.engine.envs_per_worker,
-                base=config.engine.exploration_base,
-                alpha=config.engine.exploration_alpha,
-            ),
+            epsilon=run_epsilon(config),
             replay_size=lambda: len(engine.learner.replay),
         )
         interrupted = False
@@ -252,6 +245,22 @@ def train_federated(config: TrainConfig) -> Counters:
         engine.close()
         state.close()
         signal.signal(signal.SIGTERM, previous)
+
+
+def open_state_dir(config: TrainConfig, identity: ModelIdentity) -> StateDir:
+    """The participant's state dir; its metrics also go to TensorBoard unless --tensorboard off."""
+    logdir = tensorboard_dir(config.tensorboard, config.state_dir, config.participant_id)
+    events = None if logdir is None else TrainingEvents(logdir, epsilon=run_epsilon(config))
+    return StateDir(config.state_dir, config.participant_id, identity, events=events)
+
+
+def run_epsilon(config: TrainConfig) -> float:
+    """Mean exploration rate over all of this run's envs (the Ape-X rates are fixed)."""
+    return mean_epsilon(
+        max(1, config.engine.workers) * config.engine.envs_per_worker,
+        base=config.engine.exploration_base,
+        alpha=config.engine.exploration_alpha,
+    )
 
 
 def print_status(config: TrainConfig) -> None:

@@ -70,6 +70,9 @@ class TrainConfig:
     """Episodes between saves of the full progress (optimizer and schedule state too)."""
     log_interval: float = 5.0
     """Seconds between progress lines on stderr."""
+    tensorboard: str = ""
+    """Directory for TensorBoard event files, one subfolder per participant; empty: the state
+    dir, so `tensorboard --logdir <state-dir>` shows every participant as a run; "off": none."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     """Collection, replay ratio and evaluation."""
     learner: LearnerConfig = field(default_factory=LearnerConfig)
