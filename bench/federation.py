@@ -515,6 +515,8 @@ class ServerProcess:
             _SERVE_DYING_WITH_PARENT,
             "serve",
             *itertools.chain.from_iterable(options.items()),
+            # Benchmarks measure training, not the page; several may run at once.
+            "--no-dashboard",
         ]
         self.process = subprocess.Popen(
             command,

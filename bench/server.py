@@ -91,6 +91,7 @@ def fedrl_server(data_dir: Path, buffer_size: int) -> Iterator[tuple[str, psutil
         "serve",
         "--port",
         "0",
+        "--no-dashboard",
         "--data-dir",
         str(data_dir),
         "--buffer-size",

@@ -4,7 +4,8 @@ Starts `fedrl-server` on localhost with its defaults (data under the run
 directory), then two `fedrl-client` participants, "Макар" and "alice", at the
 same time, until the session's modest goal is reached. While they train it
 prints one line of global progress every few seconds (their own output goes
-to log files in the run directory); at the end it prints the session's
+to log files in the run directory), and the server's web dashboard shows the
+same live in a browser (the URL is printed); at the end it prints the session's
 status table, as `fedrl-client --episodes 0` shows it, and where the best
 models are.
 
@@ -38,6 +39,7 @@ SERVER = [sys.executable, "-c", "from fedrl.server.cli import main; main()"]
 CLIENT = [sys.executable, "-c", "from fedrl.client.commands.cli import main; main()"]
 PARTICIPANTS = ("Макар", "alice")
 _LISTENING = re.compile(r"listening on (\S+):(\d+)")
+_DASHBOARD = re.compile(r"dashboard on (\S+)")
 # Seconds a process gets to save and exit after SIGTERM before SIGKILL.
 STOP_GRACE_S = 30.0
 
@@ -46,6 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--goal", type=int, default=400, help="session goal in episodes")
     parser.add_argument("--port", type=int, default=7443, help="server port (0: any free one)")
+    parser.add_argument(
+        "--dashboard-port", type=int, default=7444, help="web dashboard port (0: any free one)"
+    )
     parser.add_argument(
         "--dir", type=Path, default=Path("fedrl-demo"), help="where each run gets a folder"
     )
@@ -56,8 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     server: subprocess.Popen[str] | None = None
     participants: list[subprocess.Popen[str]] = []
     try:
-        server, address = start_server(run_dir, args.port, args.goal)
+        server, address, dashboard = start_server(
+            run_dir, args.port, args.dashboard_port, args.goal
+        )
         print(f"server on {address}, data in {run_dir / 'server'}", flush=True)
+        print(f"watch the training live at {dashboard}", flush=True)
         participants = [start_participant(run_dir, address, pid) for pid in PARTICIPANTS]
         print(
             f"participants {', '.join(PARTICIPANTS)} training (logs: {run_dir}/*.log)", flush=True
@@ -82,7 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             stop_all([server], signal.SIGTERM)
 
 
-def start_server(run_dir: Path, port: int, goal: int) -> tuple[subprocess.Popen[str], str]:
+def start_server(
+    run_dir: Path, port: int, dashboard_port: int, goal: int
+) -> tuple[subprocess.Popen[str], str, str]:
+    """The server process, its gRPC address and its dashboard's URL."""
     log = (run_dir / "server.log").open("w", encoding="utf-8")
     server = subprocess.Popen(
         [
@@ -90,6 +101,8 @@ def start_server(run_dir: Path, port: int, goal: int) -> tuple[subprocess.Popen[
             "serve",
             "--port",
             str(port),
+            "--dashboard-port",
+            str(dashboard_port),
             "--data-dir",
             str(run_dir / "server"),
             "--goal-episodes",
@@ -102,10 +115,13 @@ def start_server(run_dir: Path, port: int, goal: int) -> tuple[subprocess.Popen[
         start_new_session=True,
     )
     assert server.stdout is not None
+    dashboard = ""
     for line in server.stdout:
+        if found := _DASHBOARD.search(line):
+            dashboard = found[1]
         match = _LISTENING.search(line)
         if match:
-            return server, f"{match[1]}:{match[2]}"
+            return server, f"{match[1]}:{match[2]}", dashboard
     stop_all([server], signal.SIGTERM)
     raise SystemExit(f"the server did not start; see {run_dir / 'server.log'}")
 

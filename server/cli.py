@@ -97,7 +97,12 @@ def serve_command(log_level: str = "INFO", **options: Any) -> None:
         config = ServerConfig(**options)
         services = [experience_registration(config)]
         asyncio.run(
-            serve(config, extra_services=services, on_ready=lambda port: _announce(config, port))
+            serve(
+                config,
+                extra_services=services,
+                on_ready=lambda port: _announce(config, port),
+                on_dashboard=_announce_dashboard,
+            )
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -116,6 +121,11 @@ def experience_registration(config: ServerConfig) -> ServiceRegistration:
 def _announce(config: ServerConfig, port: int) -> None:
     # One stable line on stdout: scripts and tests read the real port from it.
     click.echo(f"fedrl-server listening on {config.host}:{port} (data in {config.data_dir})")
+    sys.stdout.flush()
+
+
+def _announce_dashboard(url: str) -> None:
+    click.echo(f"fedrl-server dashboard on {url}")
     sys.stdout.flush()
 
 

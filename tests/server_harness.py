@@ -58,6 +58,7 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 _LISTENING = re.compile(r"listening on (\S+):(\d+)")
+_DASHBOARD = re.compile(r"dashboard on (\S+)")
 START_TIMEOUT_S = 60.0
 # The child asks Linux for SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG),
 # so a test process that crashes or is killed by a timeout, and so runs no
@@ -292,6 +293,8 @@ class ServerProcess:
         self.port = port
         self.process: subprocess.Popen[str] | None = None
         self.output: list[str] = []
+        self.dashboard_url = ""
+        """The web dashboard's URL once started ("" with --no-dashboard)."""
         self._channels: list[grpc.Channel] = []
 
     @property
@@ -312,6 +315,9 @@ class ServerProcess:
             str(self.data_dir),
             "--log-level",
             "WARNING",
+            # Any free port: a fixed one would collide between tests run side by side.
+            "--dashboard-port",
+            "0",
             *self.options,
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -333,6 +339,9 @@ class ServerProcess:
         assert process.stdout is not None
         for line in process.stdout:
             self.output.append(line)
+            dashboard = _DASHBOARD.search(line)
+            if dashboard:
+                self.dashboard_url = dashboard[1]
             match = _LISTENING.search(line)
             if match and not found.is_set():
                 self.port = int(match[2])
