@@ -18,7 +18,6 @@ import asyncio
 import bisect
 import dataclasses
 import functools
-import itertools
 import json
 import os
 import sqlite3
@@ -186,6 +185,9 @@ class StateDB:
             self._conn.executescript(_SCHEMA)
             self._check_schema_version()
         self._conn.execute("PRAGMA foreign_keys=ON")
+        self._env_steps: dict[str, tuple[list[int], list[int]]] = {}
+        """Per session: committed versions that folded in acks, and the running sum of their
+        env steps (see _env_steps_by_version)."""
 
     def close(self) -> None:
         self._conn.close()
@@ -509,16 +511,22 @@ class StateDB:
 
         Versions form one chain (each is its parent plus the updates folded
         into it), so the sum over acks applied at or below a version is what
-        the global model had learned from at that version.
+        the global model had learned from at that version. A version's acks
+        are marked in the transaction that commits it and never change after,
+        so the running sums are kept and each call reads only the acks of
+        versions committed since the last one (the status view is read every
+        second; summing a long session's every ack each time would not be free).
         """
+        versions, totals = self._env_steps.setdefault(session, ([], []))
         rows = self._conn.execute(
             "SELECT applied_version, SUM(env_steps) FROM acks "
-            "WHERE session=? AND applied_version IS NOT NULL "
+            "WHERE session=? AND applied_version > ? "
             "GROUP BY applied_version ORDER BY applied_version",
-            (session,),
+            (session, versions[-1] if versions else -1),
         ).fetchall()
-        versions = [int(v) for v, _ in rows]
-        totals = list(itertools.accumulate(int(steps) for _, steps in rows))
+        for version, steps in rows:
+            versions.append(int(version))
+            totals.append((totals[-1] if totals else 0) + int(steps))
 
         def lookup(version: int) -> int:
             at = bisect.bisect_right(versions, version)

@@ -26,6 +26,8 @@ from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.server.app import InsecureAddressError, run_server
 from fedrl.server.cli import main, option_name, serve_command
 from fedrl.server.config import ServerConfig
+from fedrl.server.session import DB_FILE
+from fedrl.server.state_db import StateDB
 from fedrl.server.status_table import display_width, render_status
 
 SPEC = make_spec([(4,)])
@@ -136,19 +138,26 @@ def test_each_version_counts_the_env_steps_folded_into_it_and_its_ancestors(
     tmp_path: Path,
 ) -> None:
     config = server_config(tmp_path / "data", buffer_size=1)
+    seen = []
     with InProcessServer(config) as server:
         stub = server.stub()
         join(stub, "Макар", SPEC)
         seed(stub, "Макар", SPEC, [np.zeros(4, np.float32)])
+        # Status read after each version: the sums are kept between reads.
         for sequence, steps in ((1, 100), (2, 250)):
             push(
                 stub, "Макар", SPEC, [np.ones(4, np.float32)],
                 sequence=sequence, base_version=0, env_steps=steps,
             )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while stub.Status(pb.StatusRequest()).sessions[0].current_version < 2:
-            assert time.monotonic() < deadline, "no version 2 within a minute"
-            time.sleep(0.05)
-        versions = stub.Status(pb.StatusRequest()).sessions[0].versions
+            deadline = time.monotonic() + 60
+            while stub.Status(pb.StatusRequest()).sessions[0].current_version < sequence:
+                assert time.monotonic() < deadline, f"no version {sequence} within a minute"
+                time.sleep(0.05)
+            versions = stub.Status(pb.StatusRequest()).sessions[0].versions
+            seen.append([(v.version, v.env_steps) for v in versions])
+    db = StateDB(config.data_dir / DB_FILE, read_only=True)
+    reread = db.status(None, 10, 0)
+    db.close()
 
-    assert [(v.version, v.env_steps) for v in versions] == [(2, 350), (1, 100), (0, 0)]
+    assert seen == [[(1, 100), (0, 0)], [(2, 350), (1, 100), (0, 0)]]
+    assert [(v.version, v.env_steps) for v in reread.sessions[0].versions] == seen[-1]
