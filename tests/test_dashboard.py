@@ -19,6 +19,8 @@ import aiohttp
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 from server_harness import (
     InProcessServer,
     ServerProcess,
@@ -35,6 +37,7 @@ from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.server.auth import InsecureBindError, issue_token, revoke
 from fedrl.server.cli import main
 from fedrl.server.config import ServerConfig
+from fedrl.server.dashboard.access import is_loopback_host_header
 from fedrl.server.dashboard.status_json import status_document
 from fedrl.server.dashboard.web import Dashboard, StatusSource
 from fedrl.server.session import DB_FILE, Federation
@@ -132,6 +135,32 @@ def test_an_open_dashboard_answers_only_requests_that_name_this_machine(tmp_path
 
     assert rebound == 421
     assert (by_name, by_v6) == (200, 200)
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("localhost:7444", True),
+        ("LocalHost", True),
+        ("127.0.0.1", True),
+        ("127.8.9.1:80", True),
+        ("[::1]:7444", True),
+        ("localhost.attacker.example", False),
+        ("127.0.0.1.attacker.example:7444", False),
+        ("0.0.0.0:7444", False),
+        ("[::1", False),
+        ("", False),
+    ],
+)
+def test_host_headers_pass_only_when_they_name_a_loopback_address(
+    host: str, loopback: bool
+) -> None:
+    assert is_loopback_host_header(host) is loopback
+
+
+@given(st.text())
+def test_any_host_header_is_judged_without_raising(host: str) -> None:
+    assert isinstance(is_loopback_host_header(host), bool)
 
 
 def test_every_response_forbids_inline_script_framing_and_sniffing(tmp_path: Path) -> None:
