@@ -6,9 +6,10 @@ TFRecord with masked CRC32C checksums and names the file the way
 `tensorboard --logdir` discovers it, so every directory holding one shows as
 a run. The server may use it too: nothing here imports torch.
 
-Each `add` is flushed before it returns, like metrics.jsonl: a kill loses at
-most the event being written, and a running TensorBoard shows it at its next
-reload.
+Writers call `flush` after each batch of `add`s, as metrics.jsonl is flushed
+after each batch of lines: a kill loses at most the batch being written, and
+a running TensorBoard shows it at its next reload. (Flushing after every
+event would cost a hand-over to the writer's thread per episode.)
 """
 
 from __future__ import annotations
@@ -52,7 +53,11 @@ class ScalarEvents:
             wall_time=wall_time, step=step, summary=summary_pb2.Summary(value=values)
         )
         self._writer.add_event(event)
-        self._writer.flush()
+
+    def flush(self) -> None:
+        """Everything added so far on disk (in the page cache: not fsynced, like metrics.jsonl)."""
+        if self._writer is not None:
+            self._writer.flush()
 
     def close(self) -> None:
         if self._writer is not None:

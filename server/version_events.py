@@ -38,9 +38,9 @@ class VersionEvents:
         """One version's metrics line (as the aggregator appends it to metrics.jsonl)."""
         scalars = {f"version/{name}": line[name] for name in _FIGURES if line.get(name) is not None}
         scalars["version/contributors"] = len(line["contributors"])
-        self._events(str(line["session"])).add(
-            scalars, step=int(line["version"]), wall_time=line["time_unix_ms"] / 1000
-        )
+        events = self._events(str(line["session"]))
+        events.add(scalars, step=int(line["version"]), wall_time=line["time_unix_ms"] / 1000)
+        events.flush()
 
     def close(self) -> None:
         with self._lock:

@@ -69,6 +69,7 @@ class TrainingEvents:
             if record["kind"] == "train":
                 scalars.update(self._speeds(record))
             self._events.add(scalars, step=int(record["env_steps"]), wall_time=record["time"])
+        self._events.flush()
 
     def close(self) -> None:
         self._events.close()

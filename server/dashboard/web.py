@@ -26,7 +26,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 
 from aiohttp import web
@@ -114,7 +114,7 @@ class Dashboard:
     port: int
     access: DashboardAccess
     max_versions: int
-    _runner: web.AppRunner | None = None
+    _runner: web.AppRunner | None = field(default=None, init=False)
 
     @classmethod
     def for_config(cls, config: ServerConfig) -> Dashboard:
