@@ -42,8 +42,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 CLIENT = [sys.executable, "-c", "from fedrl.client.commands.cli import main; main()"]
+# Trains until the test has seen what it needs and stops it (SIGTERM: push,
+# save, leave); the step cap only ends a run that the test never stops.
 TINY = [
-    "--episodes", "60",
+    "--episodes", "100000",
+    "--max-env-steps", "30000",
     "--sync-interval", "2",
     "--workers", "0",
     "--envs-per-worker", "4",
@@ -214,11 +217,14 @@ def test_the_page_shows_what_status_says_updates_live_and_shows_ids_as_text(
             lambda: (v := newest_version_shown(browser)) is not None and v > first and v,
             "a newer version on the page without reloading",
         )
+        eventually(lambda: page_curve(browser, "default", "eval"), "an evaluation on the curve")
         still_same_document = browser.execute_script("return window.sameDocument === true;")
 
         # Once training ends nothing changes: the page must then agree with Status.
         for trainer in trainers:
-            assert trainer.wait(WAIT_S) == 0, (tmp_path / "Макар.log").read_text()
+            trainer.terminate()
+        for trainer, pid in zip(trainers, TRAINERS, strict=True):
+            assert trainer.wait(WAIT_S) == 0, (tmp_path / f"{pid}.log").read_text()
         reply = stub.Status(pb.StatusRequest(session="default", max_versions=1000))
         state = reply.sessions[0]
         shown = eventually(
