@@ -405,7 +405,10 @@ class BenchServer(ServerProcess):
             # The run ends by budget, not by goal.
             "--goal-episodes": "100000000",
         }
-        super().__init__(data_dir, *itertools.chain.from_iterable(options.items()))
+        # Benchmarks measure training, not the page.
+        super().__init__(
+            data_dir, *itertools.chain.from_iterable(options.items()), "--no-dashboard"
+        )
         self.start()
 
     def versions(self) -> list[pb.VersionState]:

@@ -95,6 +95,8 @@ def fedrl_server(data_dir: Path, buffer_size: int) -> Iterator[tuple[str, psutil
         "1000",
         "--push-burst",
         "1000",
+        # Benchmarks measure training, not the page.
+        "--no-dashboard",
     )
     server.start()
     try:

@@ -4,7 +4,8 @@ Starts `fedrl-server` on localhost with its defaults (data under the run
 directory), then two `fedrl-client` participants, "Макар" and "alice", at the
 same time, until the session's modest goal is reached. While they train it
 prints one line of global progress every few seconds (their own output goes
-to log files in the run directory); at the end it prints the session's
+to log files in the run directory), and the server's web dashboard shows the
+same live in a browser (the URL is printed); at the end it prints the session's
 status table, as `fedrl-client --episodes 0` shows it, and where the best
 models are.
 
@@ -45,6 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--goal", type=int, default=400, help="session goal in episodes")
     parser.add_argument("--port", type=int, default=7443, help="server port (0: any free one)")
     parser.add_argument(
+        "--dashboard-port", type=int, default=7444, help="web dashboard port (0: any free one)"
+    )
+    parser.add_argument(
         "--dir", type=Path, default=Path("fedrl-demo"), help="where each run gets a folder"
     )
     args = parser.parse_args(argv)
@@ -55,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_dir / "server",
         "--goal-episodes",
         str(args.goal),
+        "--dashboard-port",
+        str(args.dashboard_port),
         port=args.port,
         log_level="INFO",
         log=run_dir / "server.log",
@@ -68,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(f"the server did not start; see {run_dir / 'server.log'}") from None
         address = server.address
         print(f"server on {address}, data in {run_dir / 'server'}", flush=True)
+        print(f"watch the training live at {server.dashboard_url}", flush=True)
         participants = [start_participant(run_dir, address, pid) for pid in PARTICIPANTS]
         print(
             f"participants {', '.join(PARTICIPANTS)} training (logs: {run_dir}/*.log)", flush=True

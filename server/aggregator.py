@@ -109,6 +109,7 @@ class Aggregator:
         set_aside: Callable[[LoggedUpdate, str], Awaitable[None]],
         snapshot: Snapshot | None = None,
         best_version: int = -1,
+        on_metrics: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self._session = session
         self._names = list(names)
@@ -119,6 +120,8 @@ class Aggregator:
         self._settings = settings
         self._data_dir = data_dir
         self._metrics_path = metrics_path
+        self._on_metrics = on_metrics
+        """Also given each version's metrics line (e.g. for TensorBoard), on the commit thread."""
         self._on_version = on_version
         self._discard_watermark = discard_watermark
         self._set_aside = set_aside
@@ -498,6 +501,8 @@ class Aggregator:
         }
         with self._metrics_path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+        if self._on_metrics is not None:
+            self._on_metrics(line)
 
 
 def _relative(path: Path, root: Path) -> str:

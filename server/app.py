@@ -37,6 +37,7 @@ from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.server.aggregation import Strategy
 from fedrl.server.auth import HEALTH_METHODS, AuthInterceptor, server_transport
 from fedrl.server.config import ServerConfig
+from fedrl.server.dashboard.web import Dashboard
 from fedrl.server.handlers import guard_handler
 from fedrl.server.service import FederationServicer
 from fedrl.server.session import Federation
@@ -241,11 +242,26 @@ async def serve(
     extra_services: Sequence[ServiceRegistration] = (),
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     on_ready: Callable[[int], None] | None = None,
+    on_dashboard: Callable[[str], None] | None = None,
 ) -> None:
-    """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+    """Serve until SIGTERM or SIGINT, then shut down gracefully.
+
+    The web dashboard runs beside the services unless config.no_dashboard;
+    `on_dashboard` gets its URL.
+    """
+    # Its access policy is decided first: a refused dashboard address opens no state.
+    dashboard = None if config.no_dashboard else Dashboard.for_config(config)
     running, port = await run_server(
         config, extra_services=extra_services, interceptors=interceptors
     )
+    if dashboard is not None:
+        try:
+            url = await dashboard.start(running.federation)
+        except BaseException:
+            await running.stop()
+            raise
+        if on_dashboard is not None:
+            on_dashboard(url)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -254,6 +270,8 @@ async def serve(
         on_ready(port)
     await stop.wait()
     log.info("shutting down: %.0f s for in-flight calls", config.grace_s)
+    if dashboard is not None:
+        await dashboard.stop()
     await running.stop()
 
 

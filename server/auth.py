@@ -269,8 +269,9 @@ class _CertificateCheck:
         return pid
 
 
-class _TokenCheck:
-    """Participant from the Bearer token in the call's metadata, by the token's hash."""
+class TokenBook:
+    """The issued bearer tokens, by hash; re-read when tokens.json changes, so a revoke
+    takes effect on the next check. Shared by gRPC calls and the web dashboard."""
 
     def __init__(self, paths: TlsPaths) -> None:
         self._tokens = _WatchedRecords(
@@ -278,6 +279,20 @@ class _TokenCheck:
             "tokens",
             lambda rs: {str(t["sha256"]): str(t["participant_id"]) for t in rs},
         )
+
+    def holder(self, token: str) -> str | None:
+        """The participant a token was issued to; None for an unknown or revoked one.
+
+        AuthError (UNAUTHENTICATED) when tokens.json cannot be read: fail closed.
+        """
+        return self._tokens.get().get(_token_hash(token))
+
+
+class _TokenCheck:
+    """Participant from the Bearer token in the call's metadata, by the token's hash."""
+
+    def __init__(self, paths: TlsPaths) -> None:
+        self._tokens = TokenBook(paths)
 
     def participant(self, _auth: dict[str, list[bytes]], metadata: Metadata) -> str:
         values = [m.value for m in metadata if m.key == "authorization"]
@@ -287,7 +302,7 @@ class _TokenCheck:
             )
         if not values[0].lower().startswith(_BEARER):
             raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "authorization must be a Bearer token")
-        pid = self._tokens.get().get(_token_hash(values[0][len(_BEARER) :]))
+        pid = self._tokens.holder(values[0][len(_BEARER) :])
         if pid is None:
             raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "unknown or revoked token")
         return pid

@@ -79,7 +79,12 @@ def run_serve(config: ServeConfig) -> None:
     try:
         services = [experience_registration(server)]
         asyncio.run(
-            serve(server, extra_services=services, on_ready=lambda port: _announce(server, port))
+            serve(
+                server,
+                extra_services=services,
+                on_ready=lambda port: _announce(server, port),
+                on_dashboard=_announce_dashboard,
+            )
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -98,6 +103,11 @@ def experience_registration(config: ServerConfig) -> ServiceRegistration:
 def _announce(config: ServerConfig, port: int) -> None:
     # One stable line on stdout: scripts and tests read the real port from it.
     click.echo(f"fedrl-server listening on {config.host}:{port} (data in {config.data_dir})")
+    sys.stdout.flush()
+
+
+def _announce_dashboard(url: str) -> None:
+    click.echo(f"fedrl-server dashboard on {url}")
     sys.stdout.flush()
 
 

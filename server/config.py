@@ -153,6 +153,27 @@ class ServerConfig:
         default=_LIMITS.stream_idle_timeout_s,
         metadata=doc("A half-finished upload that sends nothing for this long is dropped."),
     )
+    tensorboard: bool = field(
+        default=False,
+        metadata=doc(
+            "Also write each version's figures as TensorBoard event files under "
+            "<data-dir>/tensorboard/<session>/."
+        ),
+    )
+    dashboard_host: str = field(
+        default="127.0.0.1",
+        metadata=doc(
+            "Address of the read-only web dashboard; off loopback it is served only over TLS "
+            "(init-tls) and to holders of a token from `fedrl-server issue --token`."
+        ),
+    )
+    dashboard_port: int = field(
+        default=7444, metadata=doc("TCP port of the dashboard; 0 picks a free one (printed).")
+    )
+    no_dashboard: bool = field(default=False, metadata=doc("Serve no web dashboard."))
+    dashboard_versions: int = field(
+        default=1000, metadata=doc("Newest versions on the dashboard's learning curve.")
+    )
 
     @property
     def limits(self) -> LimitsConfig:
@@ -181,12 +202,14 @@ class ServerConfig:
             "max_samples": self.max_samples,
             "sync_interval": self.sync_interval,
             "status_versions": self.status_versions,
+            "dashboard_versions": self.dashboard_versions,
         }
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        for name in ("port", "dashboard_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ValueError(f"{name} must be in 0..65535, got {getattr(self, name)}")
         if self.max_pending < self.buffer_size:
             raise ValueError(
                 f"max_pending ({self.max_pending}) must be at least buffer_size "

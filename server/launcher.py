@@ -27,6 +27,8 @@ from typing import Self, TextIO
 
 LISTENING = re.compile(r"listening on (\S+):(\d+)")
 """What the server prints once it accepts calls (server/cli.py), with its host and real port."""
+DASHBOARD = re.compile(r"dashboard on (\S+)")
+"""What the server prints, before LISTENING, once its web dashboard serves: the page's URL."""
 
 # argv[1] is the parent's pid, to catch a parent that died before the prctl.
 # Set in the child itself: preexec_fn is unsafe in a parent with threads.
@@ -59,7 +61,9 @@ class ServerProcess:
     ) -> None:
         """`options` are more `fedrl-server serve` options ("--buffer-size", "2", ...).
 
-        A fixed `port` keeps the address across restarts. `log` receives the
+        The dashboard gets any free port (a fixed one would collide between
+        servers started side by side); `--no-dashboard` in `options` turns it
+        off. A fixed `port` keeps the address across restarts. `log` receives the
         server's output instead of memory (a long run at INFO). `new_session`
         puts the child in a session of its own, so a Ctrl-C in the terminal
         reaches only the parent, which then stops the server once.
@@ -70,6 +74,8 @@ class ServerProcess:
         self.port = port
         self.output: list[str] = []
         """The server's output lines, when no log file was given."""
+        self.dashboard_url = ""
+        """The web dashboard's URL once started ("" with --no-dashboard)."""
         self._requested_port = port
         self._log_level = log_level
         self._log_path = log
@@ -106,6 +112,8 @@ class ServerProcess:
             str(self.data_dir),
             "--log-level",
             self._log_level,
+            "--dashboard-port",
+            "0",
             *self.options,
         ]
         self._process = subprocess.Popen(
@@ -148,6 +156,9 @@ class ServerProcess:
                 else:
                     log.write(line)
                     log.flush()
+                dashboard = DASHBOARD.search(line)
+                if dashboard:
+                    self.dashboard_url = dashboard[1]
                 match = LISTENING.search(line)
                 if match and not listening.is_set():
                     self.host, self.port = match[1], int(match[2])

@@ -69,6 +69,7 @@ from fedrl.server.state_db import (
     write_json_atomically,
 )
 from fedrl.server.update_log import LoggedUpdate, UnreadableRecord, UpdateLog, record_payload
+from fedrl.server.version_events import VersionEvents
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,8 @@ GLOBAL_STATE_FILE = "global_state.json"
 GLOBAL_STATE_MIN_INTERVAL_S = 1.0
 """Shortest time between two rewrites of global_state.json while changes keep coming."""
 METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+"""Under the data dir: one TensorBoard run per session (with --tensorboard)."""
 SESSIONS_DIR = "sessions"
 DEFAULT_SESSION = "default"
 ACCEPTED_DELTA_DTYPES = (tpb.DTYPE_FLOAT32, tpb.DTYPE_FLOAT16, tpb.DTYPE_BFLOAT16)
@@ -203,6 +206,9 @@ class Federation:
         self._sessions: dict[str, Session] = {}
         self._create_lock = asyncio.Lock()
         self.closing = asyncio.Event()
+        self._version_events = (
+            VersionEvents(config.data_dir / TENSORBOARD_DIR) if config.tensorboard else None
+        )
 
     # Start and stop.
 
@@ -233,6 +239,8 @@ class Federation:
             await session.aggregator.close()
             session.update_log.close()
             session.notify()
+        if self._version_events is not None:
+            self._version_events.close()
         if self._global_state_writer is not None:
             # The final write below covers whatever it would have written.
             self._global_state_writer.cancel()
@@ -674,6 +682,7 @@ class Federation:
             set_aside=lambda update, reason: self.quarantine(row.name, update, reason),
             snapshot=snapshot,
             best_version=best[0] if best else -1,
+            on_metrics=self._version_events.write if self._version_events else None,
         )
         session = Session(
             name=row.name,

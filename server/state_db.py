@@ -15,6 +15,7 @@ move in the same transaction as the ack row, so they can never disagree.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import functools
 import json
@@ -116,6 +117,9 @@ CREATE TABLE IF NOT EXISTS quarantined (
     file TEXT NOT NULL,
     PRIMARY KEY (session, lsn)
 );
+-- Covers the env steps per version of the status view (each version's place on
+-- the learning curve), so that sum reads the index alone.
+CREATE INDEX IF NOT EXISTS acks_by_version ON acks (session, applied_version, env_steps);
 """
 # quarantined came after schema version 1 shipped; CREATE TABLE IF NOT EXISTS
 # adds it to an older database as it opens, so the version need not change.
@@ -197,6 +201,9 @@ class StateDB:
             self._conn.executescript(_SCHEMA)
             self._check_schema_version()
         self._conn.execute("PRAGMA foreign_keys=ON")
+        self._env_steps: dict[str, tuple[list[int], list[int]]] = {}
+        """Per session: committed versions that folded in acks, and the running sum of their
+        env steps (see _env_steps_by_version)."""
 
     def close(self) -> None:
         self._conn.close()
@@ -538,6 +545,7 @@ class StateDB:
                 (row.name,),
             ).fetchall()
         )
+        env_steps = self._env_steps_by_version(row.name)
         for version in self._version_rows(row.name, limit=max_versions):
             listed = state.versions.add(
                 version=version.version,
@@ -546,6 +554,7 @@ class StateDB:
                 contributors=list(version.contributors),
                 max_staleness=version.max_staleness,
                 checkpoint=version.checkpoint,
+                env_steps=env_steps(version.version),
             )
             if version.mean_return is not None:
                 listed.mean_return = version.mean_return
@@ -560,6 +569,34 @@ class StateDB:
             ).fetchone()
             state.best_checkpoint = found[0] if found else ""
         return state
+
+    def _env_steps_by_version(self, session: str) -> Callable[[int], int]:
+        """Env steps folded into each version and its ancestors, as a lookup by version.
+
+        Versions form one chain (each is its parent plus the updates folded
+        into it), so the sum over acks applied at or below a version is what
+        the global model had learned from at that version. A version's acks
+        are marked in the transaction that commits it and never change after,
+        so the running sums are kept and each call reads only the acks of
+        versions committed since the last one (the status view is read every
+        second; summing a long session's every ack each time would not be free).
+        """
+        versions, totals = self._env_steps.setdefault(session, ([], []))
+        rows = self._conn.execute(
+            "SELECT applied_version, SUM(env_steps) FROM acks "
+            "WHERE session=? AND applied_version > ? "
+            "GROUP BY applied_version ORDER BY applied_version",
+            (session, versions[-1] if versions else -1),
+        ).fetchall()
+        for version, steps in rows:
+            versions.append(int(version))
+            totals.append((totals[-1] if totals else 0) + int(steps))
+
+        def lookup(version: int) -> int:
+            at = bisect.bisect_right(versions, version)
+            return totals[at - 1] if at else 0
+
+        return lookup
 
 
 def goal_state(total: int, done: int) -> pb.GoalState:

@@ -25,7 +25,7 @@ def test_server_side_imports_no_torch() -> None:
         "import importlib, pkgutil, sys\n"
         "import fedrl.server, fedrl.common\n"
         "for pkg in (fedrl.server, fedrl.common):\n"
-        "    for m in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + '.'):\n"
+        "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
         "        importlib.import_module(m.name)\n"
         "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
         "print(bad[:3]); sys.exit(1 if bad else 0)\n"

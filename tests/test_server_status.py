@@ -23,6 +23,8 @@ from fedrl.server.app import run_server
 from fedrl.server.auth import InsecureBindError
 from fedrl.server.cli import main, serve_command
 from fedrl.server.config import ServerConfig
+from fedrl.server.session import DB_FILE
+from fedrl.server.state_db import StateDB
 from tests.support.server_harness import (
     InProcessServer,
     ServerProcess,
@@ -160,13 +162,14 @@ def test_bare_command_serves_on_the_data_dir_it_is_given(tmp_path: Path) -> None
 
     # act: `fedrl-server --data-dir fedrl-server-data`, as the README has it
     with subprocess.Popen(
-        [*command, "--data-dir", str(data), "--port", "0"],
+        [*command, "--data-dir", str(data), "--port", "0", "--dashboard-port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
     ) as process:
         try:
-            announced = process.stdout.readline() if process.stdout else ""
+            # The dashboard's line comes first; the listening line is the last one at start.
+            announced = next((line for line in process.stdout or () if "listening on" in line), "")
             stored = (data / "state.sqlite3").exists()
         finally:
             process.send_signal(signal.SIGTERM)
@@ -226,3 +229,32 @@ def test_status_as_json_lists_every_version_for_the_plot(tmp_path: Path) -> None
         listed[versions] = [v.version for v in read_status_file(path).sessions[0].versions]
     assert listed["0"] == [v.version for v in served.sessions[0].versions] == [3, 2, 1, 0]
     assert listed["2"] == [3, 2]
+
+
+def test_each_version_counts_the_env_steps_folded_into_it_and_its_ancestors(
+    tmp_path: Path,
+) -> None:
+    config = server_config(tmp_path / "data", buffer_size=1)
+    seen = []
+    with InProcessServer(config) as server:
+        stub = server.stub()
+        join(stub, "Макар", SPEC)
+        seed(stub, "Макар", SPEC, [np.zeros(4, np.float32)])
+        # Status read after each version: the sums are kept between reads.
+        for sequence, steps in ((1, 100), (2, 250)):
+            push(
+                stub, "Макар", SPEC, [np.ones(4, np.float32)],
+                sequence=sequence, base_version=0, env_steps=steps,
+            )  # fmt: skip
+            deadline = time.monotonic() + 60
+            while stub.Status(pb.StatusRequest()).sessions[0].current_version < sequence:
+                assert time.monotonic() < deadline, f"no version {sequence} within a minute"
+                time.sleep(0.05)
+            versions = stub.Status(pb.StatusRequest()).sessions[0].versions
+            seen.append([(v.version, v.env_steps) for v in versions])
+    db = StateDB(config.data_dir / DB_FILE, read_only=True)
+    reread = db.status(None, 10, 0)
+    db.close()
+
+    assert seen == [[(1, 100), (0, 0)], [(2, 350), (1, 100), (0, 0)]]
+    assert [(v.version, v.env_steps) for v in reread.sessions[0].versions] == seen[-1]

@@ -25,6 +25,7 @@ from fedrl.client.commands.plot import plot_command
 from fedrl.client.commands.progress import ProgressReporter, TrainingProgress, mean_epsilon
 from fedrl.client.commands.state_dir import Autosaver, ModelIdentity, StateDir, StateError
 from fedrl.client.commands.system_check import check_command
+from fedrl.client.commands.training_events import TrainingEvents, tensorboard_dir
 from fedrl.client.federation.channel import ChannelSecurityError
 from fedrl.client.federation.errors import ServerCallError, SyncError
 from fedrl.client.federation.experience_sync import mixed_replay
@@ -93,7 +94,7 @@ def train_offline(config: TrainConfig) -> Counters:
         env=config.engine.env,
         architecture=config.architecture,
     )
-    state = StateDir(config.state_dir, config.participant_id, identity)
+    state = open_state_dir(config, identity)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     engine = TrainingEngine(config.engine, config.learner_config, network=config.network)
     try:
@@ -161,7 +162,7 @@ def train_federated(config: TrainConfig) -> Counters:
         env=config.engine.env,
         architecture=config.architecture,
     )
-    state = StateDir(config.state_dir, config.participant_id, identity)
+    state = open_state_dir(config, identity)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     engine = TrainingEngine(
         config.engine,
@@ -258,6 +259,13 @@ def train_federated(config: TrainConfig) -> Counters:
         engine.close()
         state.close()
         signal.signal(signal.SIGTERM, previous)
+
+
+def open_state_dir(config: TrainConfig, identity: ModelIdentity) -> StateDir:
+    """The participant's state dir; its metrics also go to TensorBoard unless --tensorboard off."""
+    logdir = tensorboard_dir(config.tensorboard, config.state_dir, config.participant_id)
+    events = None if logdir is None else TrainingEvents(logdir, epsilon=_epsilon(config))
+    return StateDir(config.state_dir, config.participant_id, identity, events=events)
 
 
 def print_status(config: TrainConfig) -> None:

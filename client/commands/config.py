@@ -119,6 +119,14 @@ class TrainConfig:
     log_interval: float = field(
         default=5.0, metadata=doc("Seconds between progress lines on stderr.")
     )
+    tensorboard: str = field(
+        default="",
+        metadata=doc(
+            "Directory for TensorBoard event files, one subfolder per participant; empty: the "
+            "state dir, so `tensorboard --logdir <state-dir>` shows every participant as a "
+            'run; "off": none.'
+        ),
+    )
     engine: EngineConfig = field(
         default_factory=EngineConfig,
         metadata=section("Collection, replay ratio and evaluation."),

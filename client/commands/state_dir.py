@@ -5,6 +5,8 @@ Layout of `<root>/<participant id>/`:
   best.pt        weights of the best greedy evaluation so far
   progress.pt    counters plus the learner's full state: networks, optimizer, schedules
   metrics.jsonl  one JSON object per episode and per evaluation, appended
+  events.out.tfevents.*  the same records as TensorBoard scalars (unless --tensorboard
+                 sends them elsewhere or off; see training_events)
 
 Every .pt file is written to a temporary name, fsynced and renamed, so a kill
 at any moment leaves the previous complete file, and is read with
@@ -30,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from fedrl.client.commands.training_events import TrainingEvents
 from fedrl.client.training.engine import Counters, PollResult, TrainingEngine
 from fedrl.common.durable_files import write_atomically
 from fedrl.common.identity import safe_dirname, validate_participant_id
@@ -69,11 +72,20 @@ class Resumed:
 class StateDir:
     """One participant's files under `root`; created on first use."""
 
-    def __init__(self, root: Path, participant_id: str, identity: ModelIdentity) -> None:
+    def __init__(
+        self,
+        root: Path,
+        participant_id: str,
+        identity: ModelIdentity,
+        *,
+        events: TrainingEvents | None = None,
+    ) -> None:
         self.participant_id = validate_participant_id(participant_id)
         self.path = Path(root) / safe_dirname(self.participant_id)
         self.identity = identity
         self._metrics: TextIO | None = None
+        self._events = events
+        """Where every metrics record also goes as TensorBoard scalars; None for nowhere."""
 
     # -- saving --------------------------------------------------------------
 
@@ -107,11 +119,15 @@ class StateDir:
         for record in records:
             self._metrics.write(json.dumps(record, ensure_ascii=False) + "\n")
         self._metrics.flush()
+        if self._events is not None:
+            self._events.write(records)
 
     def close(self) -> None:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+        if self._events is not None:
+            self._events.close()
 
     def _model_payload(self, weights: NamedArrays, counters: Counters) -> dict[str, Any]:
         return {

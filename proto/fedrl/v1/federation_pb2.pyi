@@ -248,7 +248,7 @@ class ParticipantState(_message.Message):
     def __init__(self, participant_id: _Optional[str] = ..., first_seen_unix_ms: _Optional[int] = ..., last_seen_unix_ms: _Optional[int] = ..., status: _Optional[str] = ..., episodes: _Optional[int] = ..., env_steps: _Optional[int] = ..., updates_accepted: _Optional[int] = ..., updates_rejected: _Optional[int] = ..., updates_duplicate: _Optional[int] = ..., experience_batches: _Optional[int] = ..., experience_rejected: _Optional[int] = ..., best_eval_return: _Optional[float] = ...) -> None: ...
 
 class VersionState(_message.Message):
-    __slots__ = ("version", "parent", "created_unix_ms", "contributors", "max_staleness", "eval_return", "mean_return", "checkpoint")
+    __slots__ = ("version", "parent", "created_unix_ms", "contributors", "max_staleness", "eval_return", "mean_return", "checkpoint", "env_steps")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
@@ -257,6 +257,7 @@ class VersionState(_message.Message):
     EVAL_RETURN_FIELD_NUMBER: _ClassVar[int]
     MEAN_RETURN_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
     version: int
     parent: int
     created_unix_ms: int
@@ -265,7 +266,8 @@ class VersionState(_message.Message):
     eval_return: float
     mean_return: float
     checkpoint: str
-    def __init__(self, version: _Optional[int] = ..., parent: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., contributors: _Optional[_Iterable[str]] = ..., max_staleness: _Optional[int] = ..., eval_return: _Optional[float] = ..., mean_return: _Optional[float] = ..., checkpoint: _Optional[str] = ...) -> None: ...
+    env_steps: int
+    def __init__(self, version: _Optional[int] = ..., parent: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., contributors: _Optional[_Iterable[str]] = ..., max_staleness: _Optional[int] = ..., eval_return: _Optional[float] = ..., mean_return: _Optional[float] = ..., checkpoint: _Optional[str] = ..., env_steps: _Optional[int] = ...) -> None: ...
 
 class SessionState(_message.Message):
     __slots__ = ("session", "spec_hash", "env_id", "goal", "env_steps", "current_version", "best_eval_return", "best_version", "best_checkpoint", "active_participants", "participants", "versions", "config", "updates_quarantined")
