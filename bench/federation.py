@@ -157,7 +157,7 @@ class Settings:
     """Share of each training batch drawn from foreign transitions (ExchangeConfig)."""
     delta_dtype: str = "bfloat16"
     """Wire dtype of weight deltas (SyncLoop.delta_dtype)."""
-    target_at_adoption: TargetAtAdoption = "reset"
+    target_at_adoption: TargetAtAdoption = "shift"
     """Target network when a global model is adopted: "reset" to it (the client's
     default), "keep" as it was, or "shift" by the same change as the online net."""
 

@@ -107,6 +107,14 @@ class ServerConfig:
     sync_interval: int = field(
         default=2, metadata=doc("Suggested sync interval for clients, in episodes.")
     )
+    global_eval_interval: int = field(
+        default=2_000,
+        metadata=doc(
+            "Each participant scores a global version it adopts at most once per this many of "
+            "its own env steps, off its training path (0: every version it adopts); the best "
+            "scored version is the session's best."
+        ),
+    )
     status_versions: int = field(
         default=20, metadata=doc("Versions listed by Status when the caller names no number.")
     )
@@ -207,6 +215,8 @@ class ServerConfig:
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
+        if self.global_eval_interval < 0:
+            raise ValueError(f"global_eval_interval must be >= 0, got {self.global_eval_interval}")
         for name in ("port", "dashboard_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise ValueError(f"{name} must be in 0..65535, got {getattr(self, name)}")

@@ -17,7 +17,9 @@ Why these limits:
 - Metrics are summed too (a version's evaluation returns): at most 1e30 in
   magnitude keeps 2^63 of them finite in a float64 sum.
 - Versions: -1 means "none" or "newest" where the .proto says so; other
-  negative numbers name nothing.
+  negative numbers name nothing. A version named in the metrics
+  (evaluated_version) travels there as a float64 through the update log, so
+  it is at most 2^53, exact in a float64 (no session makes that many).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from fedrl.server.state_db import INT64_MAX
 
 METRIC_BOUND = 1e30
 """Largest |metric| accepted: a float64 sum of 2^63 such values stays finite."""
+VERSION_IN_METRICS_MAX = 2**53
+"""Largest version a metric may name: every integer up to it is exact in a float64."""
 
 
 def check_int(value: int, field: str, *, low: int, high: int = INT64_MAX) -> None:
@@ -56,6 +60,13 @@ def check_update_fields(
     check_int(base_version, "UpdateHeader.base_version", low=0)
     for name, value in metrics.items():
         check_metric(value, f"UpdateMetrics.{name}")
+    if "evaluated_version" in metrics:
+        version = metrics["evaluated_version"]
+        if not (version.is_integer() and 0 <= version <= VERSION_IN_METRICS_MAX):
+            raise InvalidRequestError(
+                f"UpdateMetrics.evaluated_version is {version}; "
+                f"it must be a version number in 0..{VERSION_IN_METRICS_MAX}"
+            )
 
 
 def check_metric(value: float, field: str) -> None:

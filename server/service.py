@@ -31,6 +31,7 @@ from fedrl.server.call_context import (
     Context,
     abort,
     acting_as,
+    authenticated_participant,
     limits_key,
 )
 from fedrl.server.limits import (
@@ -289,11 +290,14 @@ class FederationServicer(pb_grpc.FederationServicer):
         with ExitStack() as open_stream:
             try:
                 open_stream.enter_context(self._streams.hold(limits_key(context)))
-                if request.participant_id:
+                requester = (
                     acting_as(context, request.participant_id)
+                    if request.participant_id
+                    else authenticated_participant(context) or ""
+                )
                 check_pull_model(request)
                 view = await self._federation.model(
-                    request.session, request.version, request.have_version
+                    request.session, request.version, request.have_version, requester
                 )
                 list_header, chunks = await self._encoded(view, request.dtype, request.codec)
             except REFUSALS as exc:
@@ -308,6 +312,7 @@ class FederationServicer(pb_grpc.FederationServicer):
                     spec_hash=view.spec_hash,
                     tensors=list_header,
                     goal=view.goal,
+                    applied_sequence=view.applied_sequence,
                 )
             )
             for chunk in chunks:
@@ -423,8 +428,8 @@ async def _first_of(*events: asyncio.Event) -> None:
 
 def _push_request(header: pb.UpdateHeader, participant_id: str) -> PushRequest:
     metrics = {
-        name: getattr(header.metrics, name)
-        for name in ("mean_return", "eval_return", "base_eval_return", "loss")
+        name: float(getattr(header.metrics, name))
+        for name in ("mean_return", "eval_return", "base_eval_return", "loss", "evaluated_version")
         if header.metrics.HasField(name)
     }
     return PushRequest(

@@ -144,6 +144,8 @@ class ModelView:
     spec_hash: str
     tensors: NamedTensors
     goal: pb.GoalState
+    applied_sequence: int = 0
+    """The requester's highest update sequence this version includes (0: none, or anonymous)."""
 
 
 @dataclass
@@ -261,6 +263,7 @@ class Federation:
             server_learning_rate=c.server_lr,
             sync_interval=c.sync_interval,
             delta_dtypes=list(ACCEPTED_DELTA_DTYPES),
+            global_eval_interval=c.global_eval_interval,
         )
 
     # Join and leave.
@@ -475,6 +478,11 @@ class Federation:
             received_ms=update.received_unix_ms,
             eval_return=update.metrics.get("eval_return"),
             base_eval_return=update.metrics.get("base_eval_return"),
+            evaluated_version=(
+                int(update.metrics["evaluated_version"])
+                if "evaluated_version" in update.metrics
+                else None
+            ),
         )
         stored = await self._acks.record(ack)
         if stored is None:
@@ -542,8 +550,13 @@ class Federation:
 
     # Pull.
 
-    async def model(self, session_name: str, version: int, have_version: int) -> ModelView:
-        """The tensors PullModel streams: the full model, or a delta when have_version is kept."""
+    async def model(
+        self, session_name: str, version: int, have_version: int, participant_id: str = ""
+    ) -> ModelView:
+        """The tensors PullModel streams: the full model, or a delta when have_version is kept.
+
+        With a participant id, also which of its updates the version includes.
+        """
         session = self.session(session_name)
         snapshot = session.aggregator.snapshot
         if snapshot is None:
@@ -559,6 +572,11 @@ class Federation:
         if have_kept:
             base = await self._load(session, snapshot, have_version)
             tensors = await asyncio.to_thread(_subtract, tensors, base)
+        applied = (
+            await self._db(lambda db: db.applied_sequence(session.name, participant_id, target))
+            if participant_id
+            else 0
+        )
         return ModelView(
             session=session.name,
             version=target,
@@ -567,6 +585,7 @@ class Federation:
             spec_hash=session.spec_hash,
             tensors=list(zip(names, tensors, strict=True)),
             goal=session.goal,
+            applied_sequence=applied,
         )
 
     async def _load(self, session: Session, snapshot: Snapshot, version: int) -> list[np.ndarray]:

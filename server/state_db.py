@@ -157,7 +157,9 @@ class AckRow:
     eval_return: float | None = None
     """The local model's evaluation return, for the participant's best."""
     base_eval_return: float | None = None
-    """Evaluation return of the base version, credited to that version's row."""
+    """Evaluation return of a global version, credited to that version's row."""
+    evaluated_version: int | None = None
+    """The version base_eval_return scores; None: the base version."""
     applied_version: int | None = None
     """The version this update was folded into; None while it waits in the buffer,
     QUARANTINED once it was set aside (never applied; see server/quarantine.py)."""
@@ -325,6 +327,20 @@ class StateDB:
             (session,),
         ).fetchall()
         return {pid: int(seq) for pid, seq in rows}
+
+    def applied_sequence(self, session: str, participant_id: str, version: int) -> int:
+        """The participant's highest update sequence folded into `version` or an older one.
+
+        Walks the participant's acks from the newest down the primary key and
+        stops at the first applied one: recent acks are the ones in question.
+        """
+        row = self._conn.execute(
+            "SELECT sequence FROM acks WHERE session=? AND participant_id=? "
+            "AND applied_version IS NOT NULL AND applied_version <= ? "
+            "ORDER BY sequence DESC LIMIT 1",
+            (session, participant_id, version),
+        ).fetchone()
+        return int(row[0]) if row is not None else 0
 
     def find_ack(self, session: str, participant_id: str, sequence: int) -> AckRow | None:
         row = self._conn.execute(
@@ -655,7 +671,11 @@ def _insert_ack(db: sqlite3.Connection, ack: AckRow) -> AckRow | None:
         db.execute(
             "UPDATE versions SET eval_sum=eval_sum+?, eval_count=eval_count+1 "
             "WHERE session=? AND version=?",
-            (ack.base_eval_return, ack.session, ack.base_version),
+            (
+                ack.base_eval_return,
+                ack.session,
+                ack.base_version if ack.evaluated_version is None else ack.evaluated_version,
+            ),
         )
     total, done = db.execute(
         "SELECT goal_total, episodes_done FROM sessions WHERE name=?", (ack.session,)

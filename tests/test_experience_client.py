@@ -8,7 +8,6 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-import torch
 
 from fedrl.client.federation.experience_client import (
     KIND,
@@ -22,13 +21,11 @@ from fedrl.client.federation.experience_sync import (
     ExchangeConfig,
     ExperienceSync,
     UnsentTransitions,
-    mixed_replay,
 )
 from fedrl.client.federation.outbox import Entry, Outbox
+from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.experience_conversion import to_experience, to_transitions
-from fedrl.client.training.learner import Learner, LearnerConfig
-from fedrl.client.training.mixed_replay import MixedReplay
-from fedrl.client.training.replay import PrioritizedReplay
+from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.experience import BatchAssembler
 from tests.support.experience import GAMMA, SPEC_HASH, Server, cartpole_spec, make_batch
@@ -41,8 +38,18 @@ def _transitions(rows: int, seed: int = 0) -> LearnerTransitions:
     return to_transitions(make_batch(rows, seed=seed))
 
 
-def _replay(capacity: int, seed: int) -> PrioritizedReplay:
-    return PrioritizedReplay(capacity, OBS, seed=seed)
+SMALL = LearnerConfig(device="cpu", learning_starts=64, hidden=(16,), batch_size=32)
+
+
+def _engine() -> TrainingEngine:
+    """A started CartPole engine (its observations are OBS) in the caller's process."""
+    engine = TrainingEngine(EngineConfig(workers=0, envs_per_worker=2, eval_interval=0), SMALL)
+    engine.start()
+    return engine
+
+
+def _updates_in_one_round(engine: TrainingEngine) -> int:
+    return engine.poll().updates
 
 
 def test_local_batch_converts_to_the_wire_and_back_unchanged() -> None:
@@ -106,64 +113,75 @@ def test_rows_recorded_after_a_take_come_with_the_next_one_only() -> None:
     np.testing.assert_array_equal(taken.obs, later.obs)
 
 
-def test_mixed_replay_draws_the_foreign_share_and_flags_it() -> None:
-    mixed = MixedReplay(_replay(500, 0), _replay(500, 1), foreign_share=0.25, gamma=GAMMA)
-    mixed.add(_transitions(300))
-    mixed.add_pulled(make_batch(300, seed=5))
+def test_foreign_transitions_join_the_one_replay_flagged_foreign() -> None:
+    engine = _engine()
+    try:
+        while not engine.learner.ready():
+            engine.poll()
+        local = len(engine.learner.replay)
 
-    sampled = mixed.sample(64, beta=0.4)
+        engine.add_foreign(_transitions(local, seed=5))
+        sampled = engine.learner.replay.sample(512, beta=0.4)
+    finally:
+        engine.close()
 
-    assert int(sampled.foreign.sum()) == 16
-    assert (sampled.indices[sampled.foreign] >= 500).all()
-    assert (sampled.indices[~sampled.foreign] < 500).all()
-
-
-def test_mixed_replay_sends_priorities_back_to_their_own_replay() -> None:
-    local, foreign = _replay(100, 0), _replay(100, 1)
-    mixed = MixedReplay(local, foreign, foreign_share=0.5, gamma=GAMMA)
-    mixed.add(_transitions(100))
-    mixed.add_pulled(make_batch(100, seed=5))
-    sampled = mixed.sample(8, beta=0.4)
-
-    mixed.update_priorities(sampled.indices, np.full(8, 1000.0))
-
-    foreign_slot = int(sampled.indices[sampled.foreign][0]) - 100
-    drawn = [int(s) for s in foreign.sample(64, beta=0.4).indices]
-    assert drawn.count(foreign_slot) > 1
+    assert engine.foreign_received == local
+    assert 0.3 < sampled.foreign.mean() < 0.7
+    assert np.isfinite(engine.learner.train(4)["loss"])
 
 
-def test_mixed_replay_without_foreign_data_draws_only_local() -> None:
-    mixed = MixedReplay(_replay(100, 0), _replay(100, 1), foreign_share=0.5, gamma=GAMMA)
-    mixed.add(_transitions(100))
+def test_foreign_transitions_earn_the_updates_their_credit_says() -> None:
+    # Serial mode: a round trains what is owed, then collects. Two engines on
+    # the same seed differ only in what add_foreign gave them.
+    with_credit, at_local_pace = _engine(), _engine()
+    try:
+        for engine in (with_credit, at_local_pace):
+            while not engine.learner.ready():
+                engine.poll()
+            engine.poll()
 
-    assert not mixed.sample(32, beta=0.4).foreign.any()
+        with_credit.add_foreign(_transitions(200, seed=5), credit=1.0)
+        at_local_pace.add_foreign(_transitions(200, seed=5), credit=0.0)
+        extra = _updates_in_one_round(with_credit) - _updates_in_one_round(at_local_pace)
+    finally:
+        with_credit.close()
+        at_local_pace.close()
 
-
-def test_foreign_batches_of_another_gamma_are_skipped() -> None:
-    mixed = MixedReplay(_replay(100, 0), _replay(100, 1), foreign_share=0.5, gamma=GAMMA)
-
-    added = mixed.add_pulled(make_batch(10, gamma=0.9))
-
-    assert not added and len(mixed) == 0
-
-
-def test_learner_trains_on_a_mixed_replay() -> None:
-    config = LearnerConfig(device="cpu", learning_starts=64, hidden=(16,), batch_size=32)
-    mixed = mixed_replay(config, OBS, ExchangeConfig(foreign_share=0.5))
-    learner = Learner(obs_shape=OBS, n_actions=2, config=config, replay=mixed)
-    learner.add(_transitions(100))
-    mixed.add_pulled(make_batch(100, seed=1))
-
-    stats = learner.train(8)
-
-    assert np.isfinite(stats["loss"]) and learner.updates == 8
-    assert len(mixed.local) == 100 and len(mixed.foreign) == 100
-    assert torch.isfinite(next(learner.online.parameters())).all()
+    # replay_ratio 0.5: 200 foreign transitions at full credit owe 100 updates.
+    assert extra == 100
 
 
-def test_exchange_config_refuses_an_all_foreign_share() -> None:
-    with pytest.raises(ValueError, match="some of its own data"):
-        ExchangeConfig(foreign_share=1.0)
+def test_foreign_transitions_before_the_replay_is_ready_leave_no_backlog() -> None:
+    engine = _engine()
+    try:
+        engine.add_foreign(_transitions(SMALL.learning_starts, seed=5))
+        first = engine.poll().updates
+        second = engine.poll().updates
+    finally:
+        engine.close()
+
+    # The replay was full enough at once; the foreign rows that filled it owe nothing.
+    assert first == 0
+    assert second <= 0.5 * engine.config.envs_per_worker * engine.config.steps_per_slot + 1
+
+
+def test_a_ppo_engine_refuses_foreign_transitions() -> None:
+    from fedrl.client.training.ppo_learner import PPOConfig  # noqa: PLC0415
+
+    engine = TrainingEngine(
+        EngineConfig(workers=0, envs_per_worker=2, eval_interval=0),
+        PPOConfig(device="cpu", rollout_steps=8, ppo_hidden=(8,)),
+    )
+    try:
+        with pytest.raises(TypeError, match="only DQN"):
+            engine.add_foreign(_transitions(10))
+    finally:
+        engine.close()
+
+
+def test_exchange_config_refuses_a_negative_credit() -> None:
+    with pytest.raises(ValueError, match="foreign_credit must be >= 0"):
+        ExchangeConfig(foreign_credit=-0.5)
 
 
 def test_cursor_file_survives_a_restart_and_a_damaged_one_reads_as_zero(tmp_path: Path) -> None:
@@ -227,12 +245,12 @@ async def _send(address: str, outbox: Outbox) -> int:
         return await client.send_pending(outbox)
 
 
-def _sync(root: Path, pid: str, share: float = 0.25) -> ExperienceSync:
+def _sync(root: Path, pid: str, gamma: float = GAMMA) -> ExperienceSync:
     return ExperienceSync(
-        ExchangeConfig(foreign_share=share, push_transitions=64, pull_transitions=1000),
+        ExchangeConfig(push_transitions=64, pull_transitions=1000),
         obs_shape=OBS,
         n_step=1,
-        gamma=GAMMA,
+        gamma=gamma,
         spec_hash=SPEC_HASH,
         session="default",
         participant_id=pid,
@@ -258,19 +276,50 @@ def test_experience_sync_moves_recent_transitions_into_the_others_foreign_replay
     alice_outbox, bob_outbox = Outbox(tmp_path / "a-out"), Outbox(tmp_path / "b-out")
     alice.record(_transitions(500))
     alice.queue(alice_outbox)
-    replay = MixedReplay(_replay(100, 0), _replay(1000, 1), foreign_share=0.25, gamma=GAMMA)
+    engine = _engine()
 
-    asyncio.run(
-        _exchange_round(
-            experience_server.address, (alice, "alice", alice_outbox), (bob, "bob", bob_outbox)
+    try:
+        asyncio.run(
+            _exchange_round(
+                experience_server.address, (alice, "alice", alice_outbox), (bob, "bob", bob_outbox)
+            )
         )
-    )
-    added = bob.adopt(replay)
-    asyncio.run(_exchange_round(experience_server.address, (bob, "bob", bob_outbox)))
-    again = bob.adopt(replay)
+        added = bob.adopt(engine)
+        asyncio.run(_exchange_round(experience_server.address, (bob, "bob", bob_outbox)))
+        again = bob.adopt(engine)
+    finally:
+        engine.close()
 
     assert (added, again) == (64, 0)
-    assert len(replay.foreign) == 64 and len(replay.local) == 0
+    assert engine.foreign_received == 64 and len(engine.learner.replay) == 64
+    assert CursorFile(tmp_path / "bob" / "experience_cursor.json").load() == 1
+
+
+def test_foreign_batches_made_with_another_gamma_are_skipped(
+    tmp_path: Path,
+    experience_server: Server,
+) -> None:
+    federation, _ = experience_server.stubs()
+    join(federation, "alice", cartpole_spec())
+    join(federation, "bob", cartpole_spec())
+    alice, bob = _sync(tmp_path, "alice", gamma=0.9), _sync(tmp_path, "bob")
+    alice_outbox, bob_outbox = Outbox(tmp_path / "a-out"), Outbox(tmp_path / "b-out")
+    alice.record(to_transitions(make_batch(100, gamma=0.9)))
+    alice.queue(alice_outbox)
+    engine = _engine()
+
+    try:
+        asyncio.run(
+            _exchange_round(
+                experience_server.address, (alice, "alice", alice_outbox), (bob, "bob", bob_outbox)
+            )
+        )
+        added = bob.adopt(engine)
+    finally:
+        engine.close()
+
+    assert added == 0 and engine.foreign_received == 0
+    # Skipped for good: the cursor moved past them.
     assert CursorFile(tmp_path / "bob" / "experience_cursor.json").load() == 1
 
 
@@ -311,10 +360,3 @@ def _pushed_obs(entry: Entry) -> np.ndarray:
     for message in messages[1:]:
         assembler.add(message.chunk)
     return assembler.result().obs
-
-
-def test_a_zero_share_exchanges_nothing(tmp_path: Path) -> None:
-    sync = _sync(tmp_path, "alice", share=0.0)
-    sync.record(_transitions(100))
-
-    assert sync.queue(Outbox(tmp_path / "out")) is None

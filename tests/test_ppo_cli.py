@@ -79,11 +79,11 @@ def test_experience_exchange_options_are_refused_for_ppo_even_at_their_defaults(
 ) -> None:
     result = CliRunner().invoke(
         main,
-        ["--participant-id", "a", "--state-dir", str(tmp_path), *TINY, "--foreign-share", "0.25"],
+        ["--participant-id", "a", "--state-dir", str(tmp_path), *TINY, "--foreign-credit", "0.25"],
     )
 
     assert result.exit_code != 0
-    assert "--algo ppo does not take --foreign-share" in result.output
+    assert "--algo ppo does not take --foreign-credit" in result.output
     assert "off-policy" in result.output
     assert not (tmp_path / "a").exists()
 
@@ -102,8 +102,8 @@ def test_dqn_only_and_ppo_only_options_are_refused_with_the_other_algorithm(
 
 
 def test_a_config_for_ppo_with_experience_exchange_is_refused() -> None:
-    with pytest.raises(ValueError, match="--foreign-share, --pull-transitions"):
-        TrainConfig(algo="ppo", exchange=ExchangeConfig(foreign_share=0.5, pull_transitions=10))
+    with pytest.raises(ValueError, match="--foreign-credit, --pull-transitions"):
+        TrainConfig(algo="ppo", exchange=ExchangeConfig(foreign_credit=0.5, pull_transitions=10))
 
 
 def test_ppo_configs_exchange_no_experience_and_take_device_and_amp_from_the_learner() -> None:
@@ -111,7 +111,7 @@ def test_ppo_configs_exchange_no_experience_and_take_device_and_amp_from_the_lea
 
     ppo = config.learner_config
 
-    assert config.shared_experience is None
+    assert config.effective_share == "weights"
     assert ppo.device == config.learner.device and ppo.amp == "auto"  # type: ignore[union-attr]
     assert config.architecture == "ppo/mlp-64x64"
 

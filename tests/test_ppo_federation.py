@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from fedrl.client.federation.backoff import BackoffPolicy
-from fedrl.client.federation.experience_sync import ExchangeConfig, mixed_replay
+from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.federation.federation_client import FederationClient, SpecMismatchError
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.sync_loop import SyncLoop
@@ -46,6 +46,7 @@ def ppo_participant(
         session="default",
         spec=spec,
         channel_factory=lambda: grpc.aio.insecure_channel(address),
+        share="weights",
         sync_interval=1_000,  # PPO pushes per rollout update, not per episodes
         backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
         on_record=records.append if records is not None else None,
@@ -123,8 +124,6 @@ def test_a_ppo_participant_cannot_join_a_dqn_session_and_is_told_why(tmp_path: P
 
 def test_a_ppo_sync_loop_refuses_experience_exchange(tmp_path: Path) -> None:
     engine = TrainingEngine(ENGINE, PPO)
-    with pytest.raises(ValueError, match="PPO learns on-policy"):
-        TrainingEngine(ENGINE, PPO, replay=lambda c, s: mixed_replay(c, s, ExchangeConfig()))
 
     with pytest.raises(ValueError, match="off-policy data, which PPO does not learn from"):
         SyncLoop(
@@ -134,5 +133,6 @@ def test_a_ppo_sync_loop_refuses_experience_exchange(tmp_path: Path) -> None:
             session="default",
             spec=model_spec("CartPole-v1", engine.weights(), "ppo/mlp-16"),
             channel_factory=lambda: grpc.aio.insecure_channel("127.0.0.1:1"),
+            share="both",
             exchange=ExchangeConfig(),
         )

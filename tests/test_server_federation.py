@@ -463,3 +463,65 @@ def test_version_calls_naming_another_participant_are_permission_denied(
     assert once.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert watched.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert own.current_version == 0
+
+
+def test_a_pulled_version_names_the_callers_latest_update_it_includes(
+    server: InProcessServer,
+) -> None:
+    # prepare: alice's update 1 and bob's update 1 make version 1 (K = 2); alice's
+    # update 2 waits in the buffer for a partner.
+    stub = seeded(server, "alice", "bob")
+    step = [np.ones((3, 2), np.float32), np.zeros(2, np.float32)]
+    push(stub, "alice", SPEC, step, sequence=1, base_version=0)
+    push(stub, "bob", SPEC, step, sequence=1, base_version=0)
+    server.call(_until_version(server, 1))
+    push(stub, "alice", SPEC, step, sequence=2, base_version=1)
+
+    # act
+    alice_newest, _, _ = pull(stub, participant_id="alice")
+    alice_base, _, _ = pull(stub, participant_id="alice", version=0)
+    bob_newest, _, _ = pull(stub, participant_id="bob")
+    anonymous, _, _ = pull(stub)
+
+    # assert
+    assert alice_newest.version == 1 and alice_newest.applied_sequence == 1
+    assert alice_base.applied_sequence == 0
+    assert bob_newest.applied_sequence == 1
+    assert anonymous.applied_sequence == 0
+
+
+def test_a_score_of_any_version_is_credited_to_that_version(server: InProcessServer) -> None:
+    # prepare: versions 1 and 2; alice, already on version 2, reports a score of version 1
+    stub = seeded(server, "alice", "bob")
+    step = [np.ones((3, 2), np.float32), np.zeros(2, np.float32)]
+    for sequence, base in ((1, 0), (2, 1)):
+        push(stub, "alice", SPEC, step, sequence=sequence, base_version=base)
+        push(stub, "bob", SPEC, step, sequence=sequence, base_version=base)
+        server.call(_until_version(server, sequence))
+
+    # act
+    push(
+        stub, "alice", SPEC, step, sequence=3, base_version=2,
+        metrics=pb.UpdateMetrics(base_eval_return=321.0, evaluated_version=1),
+    )  # fmt: skip
+    status = stub.Status(pb.StatusRequest(session="default", max_versions=10)).sessions[0]
+
+    # assert
+    scores = {v.version: v.eval_return for v in status.versions if v.HasField("eval_return")}
+    assert scores == {1: 321.0}
+    assert status.best_version == 1 and status.best_eval_return == 321.0
+
+
+def test_a_score_naming_no_possible_version_is_refused(server: InProcessServer) -> None:
+    stub = seeded(server, "alice")
+    messages = update_messages(
+        "alice", SPEC, [np.ones((3, 2), np.float32), np.zeros(2, np.float32)],
+        sequence=1, base_version=0,
+        metrics=pb.UpdateMetrics(base_eval_return=1.0, evaluated_version=2**62),
+    )  # fmt: skip
+
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.PushUpdate(iter(messages), metadata=metadata("alice"), timeout=60)
+
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "evaluated_version" in str(refused.value.details())

@@ -18,13 +18,12 @@ from fedrl.client.commands.cli import main
 from fedrl.client.commands.config import TrainConfig
 from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.experience_client import KIND
-from fedrl.client.federation.experience_sync import ExchangeConfig, mixed_replay
+from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.outbox import Outbox
-from fedrl.client.federation.sync_loop import SyncLoop
+from fedrl.client.federation.sync_loop import Share, SyncLoop
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
-from fedrl.client.training.mixed_replay import MixedReplay
 from fedrl.client.training.q_network import architecture_name
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.config_cli import config_from_options
@@ -34,32 +33,21 @@ from tests.support.experience import Server
 from tests.support.server_harness import InProcessServer, join, server_config
 
 SMALL = LearnerConfig(hidden=(32, 32), learning_starts=64, batch_size=32, device="cpu")
-EXCHANGE = ExchangeConfig(
-    foreign_share=0.25,
-    push_transitions=200,
-    pull_transitions=2000,
-    foreign_capacity=10_000,
-)
+EXCHANGE = ExchangeConfig(push_transitions=200, pull_transitions=2000)
 
 
-def make_engine(exchange: ExchangeConfig, seed: int = 0) -> TrainingEngine:
+def make_engine(seed: int = 0) -> TrainingEngine:
     return TrainingEngine(
-        EngineConfig(workers=0, envs_per_worker=2, eval_interval=0, seed=seed),
-        SMALL,
-        replay=(
-            (lambda learner, obs_shape: mixed_replay(learner, obs_shape, exchange))
-            if exchange.enabled
-            else None
-        ),
+        EngineConfig(workers=0, envs_per_worker=2, eval_interval=0, seed=seed), SMALL
     )
 
 
 @contextmanager
 def participant(
-    address: str, state_dir: Path, participant_id: str, exchange: ExchangeConfig, *, seed: int = 0
+    address: str, state_dir: Path, participant_id: str, share: Share, *, seed: int = 0
 ) -> Iterator[tuple[TrainingEngine, SyncLoop, list[LearnerTransitions]]]:
     """A started engine, its sync loop and every local batch its learner took in."""
-    engine = make_engine(exchange, seed)
+    engine = make_engine(seed)
     seen: list[LearnerTransitions] = []
     engine.on_batch(seen.append)
     spec = model_spec("CartPole-v1", engine.weights(), architecture_name(SMALL.hidden, True))
@@ -73,7 +61,8 @@ def participant(
         sync_interval=3,
         evaluate_global=False,
         backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
-        exchange=exchange,
+        share=share,
+        exchange=EXCHANGE,
     )
     try:
         loop.start(connect_timeout_s=5.0)
@@ -101,22 +90,16 @@ def rows(
     }
 
 
-def foreign_rows(engine: TrainingEngine) -> int:
-    replay = engine.learner.replay
-    assert isinstance(replay, MixedReplay)
-    return len(replay.foreign)
-
-
 def test_two_participants_receive_each_others_transitions_tagged_foreign(
     tmp_path: Path, experience_server: Server
 ) -> None:
     with (
-        participant(experience_server.address, tmp_path / "a", "Макар", EXCHANGE) as first,
+        participant(experience_server.address, tmp_path / "a", "Макар", "both") as first,
         # Other seeds: each one's transitions must be its own to tell them apart.
-        participant(experience_server.address, tmp_path / "b", "alice", EXCHANGE, seed=1) as second,
+        participant(experience_server.address, tmp_path / "b", "alice", "both", seed=1) as second,
     ):
         deadline = time.monotonic() + 60
-        while not all(foreign_rows(engine) for engine, _, _ in (first, second)):
+        while not all(engine.foreign_received for engine, _, _ in (first, second)):
             assert time.monotonic() < deadline, "no foreign transitions arrived in time"
             for engine, loop, _ in (first, second):
                 loop.after_poll(engine.poll())
@@ -147,41 +130,22 @@ def test_two_participants_receive_each_others_transitions_tagged_foreign(
     assert all(Outbox(tmp_path / d / "outbox").size(KIND) == (0, 0) for d in ("a", "b"))
 
 
-def test_foreign_share_zero_never_calls_the_experience_service(
+def test_sharing_weights_only_never_calls_the_experience_service(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    off = ExchangeConfig(foreign_share=0.0)
     # A server without the service: any exchange call would log that it is missing.
     with (
         caplog.at_level(logging.WARNING),
         InProcessServer(server_config(tmp_path / "server")) as server,
-        participant(server.address, tmp_path / "a", "alice", off) as (engine, loop, _),
+        participant(server.address, tmp_path / "a", "alice", "weights") as (engine, loop, _),
     ):
         while engine.counters.episodes < 10:
             loop.after_poll(engine.poll())
         loop.finish()
 
-    assert not isinstance(engine.learner.replay, MixedReplay)
+    assert engine.foreign_received == 0
     assert "does not exchange experience" not in caplog.text
     assert not (tmp_path / "a" / "experience_cursor.json").exists()
-
-
-def test_exchange_without_a_mixed_replay_is_refused_with_the_fix(tmp_path: Path) -> None:
-    engine = make_engine(ExchangeConfig(foreign_share=0.0))
-    try:
-        spec = model_spec("CartPole-v1", engine.weights(), architecture_name(SMALL.hidden, True))
-        with pytest.raises(ValueError, match="replay=mixed_replay"):
-            SyncLoop(
-                engine,
-                state_dir=tmp_path,
-                participant_id="alice",
-                session="default",
-                spec=spec,
-                channel_factory=lambda: grpc.aio.insecure_channel("127.0.0.1:1"),
-                exchange=EXCHANGE,
-            )
-    finally:
-        engine.close()
 
 
 def test_cli_refuses_a_participant_id_that_is_not_the_bundles(tmp_path: Path) -> None:
@@ -215,20 +179,19 @@ def test_cli_refuses_an_empty_token_file(tmp_path: Path) -> None:
 
 
 def test_exchange_options_reach_the_config() -> None:
-    config = config_from_options(TrainConfig, {"foreign_share": 0.5, "pull_transitions": 100})
+    config = config_from_options(TrainConfig, {"foreign_credit": 0.5, "pull_transitions": 100})
 
-    assert config.exchange.foreign_share == 0.5 and config.exchange.pull_transitions == 100
+    assert config.exchange.foreign_credit == 0.5 and config.exchange.pull_transitions == 100
     assert config.exchange.push_transitions == ExchangeConfig().push_transitions
 
 
-def test_a_foreign_share_of_one_is_refused_before_training() -> None:
-    with pytest.raises(ValueError, match="foreign_share must lie in"):
-        config_from_options(TrainConfig, {"foreign_share": 1.0})
+def test_a_negative_foreign_credit_is_refused_before_training() -> None:
+    with pytest.raises(ValueError, match="foreign_credit must be >= 0"):
+        config_from_options(TrainConfig, {"foreign_credit": -1.0})
 
 
 def test_every_push_and_adoption_leaves_a_metrics_record(tmp_path: Path) -> None:
-    off = ExchangeConfig(foreign_share=0.0)
-    engine = make_engine(off, 0)
+    engine = make_engine(0)
     records: list[dict[str, object]] = []
     with InProcessServer(server_config(tmp_path / "server", buffer_size=1)) as server:
         loop = SyncLoop(
@@ -241,6 +204,7 @@ def test_every_push_and_adoption_leaves_a_metrics_record(tmp_path: Path) -> None
             sync_interval=3,
             evaluate_global=False,
             backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
+            share="weights",
             on_record=records.append,
         )
         try:

@@ -10,29 +10,24 @@ from typing import Any
 
 import grpc
 import pytest
-from click.testing import CliRunner
 
-from fedrl.client.commands.cli import main
 from fedrl.client.commands.config import TrainConfig
 from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.experience_client import KIND
-from fedrl.client.federation.experience_sync import ExchangeConfig, mixed_replay
+from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.outbox import Outbox
 from fedrl.client.federation.sync_loop import Share, SyncLoop, shares_experience
 from fedrl.client.federation.weight_sync import UPDATE
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
-from fedrl.client.training.mixed_replay import MixedReplay
 from fedrl.client.training.q_network import architecture_name
 from fedrl.common.config_cli import config_from_options
 from fedrl.proto.v1 import federation_pb2 as pb
 from tests.support.experience import Server
 
 SMALL = LearnerConfig(hidden=(32, 32), learning_starts=64, batch_size=32, device="cpu")
-EXCHANGE = ExchangeConfig(
-    foreign_share=0.25, push_transitions=200, pull_transitions=2000, foreign_capacity=10_000
-)
+EXCHANGE = ExchangeConfig(push_transitions=200, pull_transitions=2000)
 
 
 @contextmanager
@@ -42,15 +37,12 @@ def participant(
     participant_id: str,
     share: Share,
     *,
-    mixed: bool = True,
     seed: int = 0,
     records: list[dict[str, Any]] | None = None,
 ) -> Iterator[tuple[TrainingEngine, SyncLoop]]:
-    """A started engine (trained from a MixedReplay when `mixed`) and its sync loop."""
+    """A started engine and its sync loop."""
     engine = TrainingEngine(
-        EngineConfig(workers=0, envs_per_worker=2, eval_interval=0, seed=seed),
-        SMALL,
-        replay=(lambda learner, shape: mixed_replay(learner, shape, EXCHANGE)) if mixed else None,
+        EngineConfig(workers=0, envs_per_worker=2, eval_interval=0, seed=seed), SMALL
     )
     spec = model_spec("CartPole-v1", engine.weights(), architecture_name(SMALL.hidden, True))
     loop = SyncLoop(
@@ -77,9 +69,7 @@ def participant(
 
 
 def foreign_rows(engine: TrainingEngine) -> int:
-    replay = engine.learner.replay
-    assert isinstance(replay, MixedReplay)
-    return len(replay.foreign)
+    return engine.foreign_received
 
 
 def participants_on(server: Server) -> dict[str, pb.ParticipantState]:
@@ -133,10 +123,11 @@ def test_a_weights_only_participant_never_calls_the_experience_service(tmp_path:
     records: list[dict[str, Any]] = []
     server = Server(tmp_path / "server").start()
     try:
-        # An exchange config with a share above 0 is given, and still unused.
-        with participant(
-            server.address, tmp_path / "a", "Макар", "weights", mixed=False, records=records
-        ) as (engine, loop):
+        # An exchange config is given, and still unused.
+        with participant(server.address, tmp_path / "a", "Макар", "weights", records=records) as (
+            engine,
+            loop,
+        ):
             deadline = time.monotonic() + 60
             while not {"sync", "adopt"} <= {r["kind"] for r in records}:
                 assert time.monotonic() < deadline, f"records so far: {records}"
@@ -153,36 +144,17 @@ def test_a_weights_only_participant_never_calls_the_experience_service(tmp_path:
 
 
 def test_the_share_decides_whether_experience_is_exchanged() -> None:
-    off = ExchangeConfig(foreign_share=0.0)
-
-    assert shares_experience("both", EXCHANGE) and shares_experience("experience", EXCHANGE)
-    assert not shares_experience("weights", EXCHANGE)
-    assert not shares_experience("both", off) and not shares_experience("both", None)
-    with pytest.raises(ValueError, match="foreign share above 0"):
-        shares_experience("experience", off)
+    assert shares_experience("both") and shares_experience("experience")
+    assert not shares_experience("weights")
+    with pytest.raises(ValueError, match="share must be one of"):
+        shares_experience("everything")  # type: ignore[arg-type]
 
 
-def test_the_share_option_reaches_the_config_and_a_useless_one_stops_before_training(
-    tmp_path: Path,
-) -> None:
+def test_the_share_option_reaches_the_config_and_a_ppo_participant_shares_weights_only() -> None:
     config = config_from_options(TrainConfig, {"share": "experience"})
-    result = CliRunner().invoke(
-        main,
-        [
-            "--participant-id",
-            "alice",
-            "--share",
-            "experience",
-            "--foreign-share",
-            "0",
-            "--server",
-            "127.0.0.1:1",
-            "--state-dir",
-            str(tmp_path),
-        ],
-    )
+    ppo = TrainConfig(algo="ppo")
 
-    assert config.share == "experience"
-    assert result.exit_code == 1
-    assert "foreign share above 0" in result.output
-    assert not (tmp_path / "alice").exists()
+    assert config.share == config.effective_share == "experience"
+    assert ppo.effective_share == "weights"
+    with pytest.raises(ValueError, match="--share"):
+        TrainConfig(algo="ppo", share="experience")

@@ -86,7 +86,7 @@ def test_a_federated_run_also_writes_its_sync_and_adoption_events(tmp_path: Path
         result = CliRunner().invoke(
             main,
             ["--participant-id", "李雷", "--server", server.address, "--episodes", "16",
-             "--sync-interval", "2", "--foreign-share", "0", "--state-dir", str(tmp_path / "st"),
+             "--sync-interval", "2", "--share", "weights", "--state-dir", str(tmp_path / "st"),
              "--tensorboard", str(tmp_path / "tb"), *TINY],
         )  # fmt: skip
 

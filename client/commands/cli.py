@@ -28,7 +28,6 @@ from fedrl.client.commands.system_check import check_command
 from fedrl.client.commands.training_events import TrainingEvents, tensorboard_dir
 from fedrl.client.federation.channel import ChannelSecurityError
 from fedrl.client.federation.errors import ServerCallError, SyncError
-from fedrl.client.federation.experience_sync import mixed_replay
 from fedrl.client.federation.federation_client import FederationClient
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.sync_loop import SyncLoop
@@ -156,24 +155,13 @@ def train_federated(config: TrainConfig) -> Counters:
     state dir as it was. Ctrl-C or SIGTERM stops at the next round, pushes
     and saves. At the end the session's status table is printed.
     """
-    # Before anything is written: a share that cannot work fails here.
-    exchange = config.shared_experience
     identity = ModelIdentity(
         env=config.engine.env,
         architecture=config.architecture,
     )
     state = open_state_dir(config, identity)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    engine = TrainingEngine(
-        config.engine,
-        config.learner_config,
-        network=config.network,
-        replay=(
-            (lambda learner, obs_shape: mixed_replay(learner, obs_shape, exchange))
-            if exchange is not None
-            else None
-        ),
-    )
+    engine = TrainingEngine(config.engine, config.learner_config, network=config.network)
     sync: SyncLoop | None = None
     try:
         autosave = Autosaver(
@@ -196,7 +184,7 @@ def train_federated(config: TrainConfig) -> Counters:
             share=config.effective_share,
             sync_interval=config.sync_interval,
             delta_dtype=config.delta_dtype,
-            exchange=exchange,
+            exchange=config.exchange,
             target_at_adoption=config.target_at_adoption,
             on_record=lambda record: state.append_metrics([record]),
         )

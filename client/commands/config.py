@@ -19,7 +19,7 @@ from typing import Literal
 
 from fedrl.client.federation.channel import ConnectionSecurity
 from fedrl.client.federation.experience_sync import ExchangeConfig
-from fedrl.client.federation.sync_loop import Share, shares_experience
+from fedrl.client.federation.sync_loop import Share
 from fedrl.client.training.engine import EngineConfig
 from fedrl.client.training.learner import LearnerConfig, TargetAtAdoption
 from fedrl.client.training.networks import NetworkConfig
@@ -85,11 +85,11 @@ class TrainConfig:
         metadata=doc("Wire type of pushed weight deltas (zstd-compressed in any case)."),
     )
     target_at_adoption: TargetAtAdoption = field(
-        default="reset",
+        default="shift",
         metadata=doc(
-            "Target network when a global model is adopted: reset it to the new model, keep "
-            "it, or shift it by the same change as the online net (see Learner.set_weights "
-            "for the figures)."
+            "Target network when a global model is adopted: shift it by the same change as "
+            "the online net (the others' progress; alone in a session the change is zero), "
+            "reset it to the adopted model, or keep it."
         ),
     )
     tls: ConnectionSecurity = field(
@@ -189,15 +189,6 @@ class TrainConfig:
         if self.algo == "ppo":
             return ppo_architecture_name(self.ppo.ppo_hidden, self.network)
         return architecture_name(self.learner.hidden, self.learner.dueling, self.network)
-
-    @property
-    def shared_experience(self) -> ExchangeConfig | None:
-        """The experience exchange to run, if any: DQN's when its share includes experience
-        (ValueError for a share that cannot work); never PPO's, which learns only from its
-        own rollouts."""
-        if self.algo == "ppo" or not shares_experience(self.share, self.exchange):
-            return None
-        return self.exchange
 
     @property
     def effective_share(self) -> Share:

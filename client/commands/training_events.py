@@ -2,7 +2,7 @@
 
 Every numeric field of a record becomes the scalar `<kind>/<field>`
 (`episode/return`, `train/loss`, `eval/mean`, `sync/version`,
-`adopt/global_eval`, ...), so whatever metrics.jsonl holds TensorBoard shows,
+`score/global_eval`, ...), so whatever metrics.jsonl holds TensorBoard shows,
 and a field added there appears here without a change. The step is the
 record's env_steps, so `tensorboard --logdir fedrl-state` lays a group's
 participants side by side on one x axis. Three more figures the progress line

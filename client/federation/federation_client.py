@@ -110,6 +110,8 @@ class GlobalModel:
     version: int
     tensors: NamedTensors
     goal: pb.GoalState
+    applied_sequence: int = 0
+    """This participant's highest update sequence the version includes (0: none)."""
 
 
 def build_update(
@@ -281,7 +283,12 @@ class FederationClient:
             # A corrupt stream may be a cut connection as well as a bad server:
             # nothing was adopted, so asking again is safe.
             raise UnavailableError(f"{what}: {exc}") from None
-        return GlobalModel(version=header.version, tensors=tensors, goal=header.goal)
+        return GlobalModel(
+            version=header.version,
+            tensors=tensors,
+            goal=header.goal,
+            applied_sequence=header.applied_sequence,
+        )
 
     async def status(self, *, max_versions: int = 0, all_sessions: bool = False) -> pb.StatusReply:
         request = pb.StatusRequest(

@@ -7,7 +7,7 @@ participant shares with the session is its `share`:
 
 - "weights": its progress as weight deltas, averaged into global versions
   that it adopts back (fedrl.client.federation.weight_sync);
-- "experience": its transitions, and other participants' into a foreign
+- "experience": its transitions out, and other participants' into its
   replay (fedrl.client.federation.experience_sync). It keeps training its
   own model: it never pushes a delta and never adopts a global model. It
   joins (the server checks its model spec there, as for everyone) but does
@@ -16,9 +16,7 @@ participant shares with the session is its `share`:
   reports episodes with updates, and it sends none;
 - "both" (the default): both, each on its own task of the network thread.
 
-The experience half is on only with an exchange config whose foreign share
-is above 0 (`shares_experience`), so "both" with a share of 0 shares weights
-only.
+Experience is off-policy data: a PPO participant shares weights only.
 
 Every `sync_interval` local episodes the weight half pushes and the
 experience half queues a batch, each on its own clock. The run stops when
@@ -47,13 +45,13 @@ from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.errors import SyncError, UnavailableError
 from fedrl.client.federation.experience_cursor import CursorFile
 from fedrl.client.federation.experience_sync import ExchangeConfig, ExperienceSync
+from fedrl.client.federation.global_scoring import VersionScore
 from fedrl.client.federation.outbox import Outbox, OutboxLimits
 from fedrl.client.federation.server_link import ServerLink, ServerView
 from fedrl.client.federation.sync_state import STATE_FILE
 from fedrl.client.federation.weight_sync import WeightSync
 from fedrl.client.training.engine import PollResult, TrainingEngine
 from fedrl.client.training.learner import Learner, TargetAtAdoption
-from fedrl.client.training.mixed_replay import MixedReplay
 from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
@@ -66,23 +64,15 @@ SHARES: tuple[Share, ...] = ("weights", "experience", "both")
 EXPERIENCE_CURSOR_FILE = "experience_cursor.json"
 
 _DEFAULT_OUTBOX_LIMITS = OutboxLimits()
+_DEFAULT_EXCHANGE = ExchangeConfig()
 _DEFAULT_BACKOFF = BackoffPolicy()
 
 
-def shares_experience(share: Share, exchange: ExchangeConfig | None) -> bool:
-    """Whether a participant exchanges experience; ValueError for a share that cannot work.
-
-    The engine must then train from a MixedReplay (experience_sync.mixed_replay).
-    """
+def shares_experience(share: Share) -> bool:
+    """Whether a participant with this share exchanges experience; ValueError for no share."""
     if share not in SHARES:
         raise ValueError(f"share must be one of {', '.join(SHARES)}, got {share!r}")
-    enabled = exchange is not None and exchange.enabled
-    if share == "experience" and not enabled:
-        raise ValueError(
-            "sharing experience only needs a foreign share above 0 (--foreign-share), "
-            "or nothing would be shared"
-        )
-    return share != "weights" and enabled
+    return share != "weights"
 
 
 class SyncLoop:
@@ -103,12 +93,12 @@ class SyncLoop:
         evaluate_global: bool = True,
         outbox_limits: OutboxLimits = _DEFAULT_OUTBOX_LIMITS,
         backoff: BackoffPolicy = _DEFAULT_BACKOFF,
-        exchange: ExchangeConfig | None = None,
-        target_at_adoption: TargetAtAdoption = "reset",
+        exchange: ExchangeConfig = _DEFAULT_EXCHANGE,
+        target_at_adoption: TargetAtAdoption = "shift",
         on_record: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
-        """`exchange` with a share above 0 trades experience with the session (unless `share`
-        is "weights"); the engine must then have been built with `replay=mixed_replay(...)`.
+        """`exchange` says how experience is traded when `share` includes it (a DQN engine:
+        other participants' transitions go into its replay, TrainingEngine.add_foreign).
         `target_at_adoption` is what the learner's target network does when a global model
         is adopted (Learner.set_weights).
         `on_record` receives one metrics record per push ("sync") and adoption ("adopt")."""
@@ -138,21 +128,12 @@ class SyncLoop:
                 on_record=on_record,
             )
         self._experience: ExperienceSync | None = None
-        self._replay: MixedReplay | None = None
-        if shares_experience(share, exchange):
-            assert exchange is not None
+        if shares_experience(share):
             if not isinstance(engine.learner, Learner):
                 raise ValueError(
                     "experience exchange is off-policy data, which PPO does not learn from: "
                     "share weights only (--share weights) for a PPO participant"
                 )
-            replay = engine.learner.replay
-            if not isinstance(replay, MixedReplay):
-                raise ValueError(
-                    "experience exchange needs the engine's learner to use a MixedReplay: "
-                    "build the engine with replay=mixed_replay(...), or set foreign_share to 0"
-                )
-            self._replay = replay
             self._experience = ExperienceSync(
                 exchange,
                 obs_shape=engine.obs_shape,
@@ -221,8 +202,8 @@ class SyncLoop:
             raise SyncError(f"federation stopped: {fatal}")
         if self._weights is not None:
             self._weights.after_poll(result)
-        if self._experience is not None and self._replay is not None:
-            self._experience.adopt(self._replay)
+        if self._experience is not None:
+            self._experience.adopt(self._engine)
         # Its own clock: before the first adoption the weight half pushes
         # nothing, but experience still goes out.
         if self._engine.counters.episodes - self._experience_queued_at >= self._sync_interval:
@@ -275,9 +256,9 @@ class SyncLoop:
         return goal.reached or goal.episodes_done + unpushed >= goal.total_episodes > 0
 
     @property
-    def global_eval(self) -> float | None:
-        """Greedy return of the last global model evaluated here, if any."""
-        return self._weights.global_eval if self._weights is not None else None
+    def global_score(self) -> VersionScore | None:
+        """The last global version scored here and its greedy return, if any."""
+        return self._weights.global_score if self._weights is not None else None
 
     def raise_goal(self, total_episodes: int) -> pb.GoalState:
         return self._require_link().raise_goal(total_episodes)
@@ -300,6 +281,8 @@ class SyncLoop:
         return left
 
     def close(self) -> None:
+        if self._weights is not None:
+            self._weights.close()
         if self._link is not None:
             self._link.close()
             self._link = None

@@ -74,9 +74,11 @@ from fedrl.client.federation.federation_client import (
     GlobalModel,
     build_update,
 )
+from fedrl.client.federation.global_scoring import GlobalScoring, VersionScore
 from fedrl.client.federation.outbox import Entry, Outbox, decode_update, update_messages
 from fedrl.client.federation.server_link import ServerLink
 from fedrl.client.federation.sync_state import (
+    InFlight,
     NamedArrays,
     SyncState,
     load_sync_state,
@@ -143,8 +145,9 @@ class WeightSync:
         self._returns: list[float] = []
         self._losses: list[float] = []
         self._eval_since_push: float | None = None
-        self._base_eval: tuple[int, float] | None = None
-        self._next_global_eval = 0
+        self._scoring: GlobalScoring | None = None
+        self._last_score: VersionScore | None = None
+        self._unreported_score: VersionScore | None = None
         self._taken_back_count = 0
 
     def attach(self, link: ServerLink, outbox: Outbox) -> None:
@@ -154,27 +157,31 @@ class WeightSync:
         state = self._restore(outbox)
         self._traffic = WeightTraffic(link, outbox, seed_weights=state.local)
         self._traffic.release(state.sequence)
+        if self._evaluate_global and self._engine.config.eval_episodes:
+            self._scoring = GlobalScoring(
+                self._engine.scorer(self._engine.config.eval_episodes),
+                interval_env_steps=self._traffic.global_eval_interval,
+            )
 
     def _restore(self, outbox: Outbox) -> SyncState:
         """Reconcile the sync state, the outbox and the autosaved model (module docstring)."""
         counters = self._engine.counters
         state = load_sync_state(self.state_path)
         if state is None:
-            state = self._nothing_to_push(self._engine.weights(), base_version=-1, sequence=0)
+            state = self._nothing_to_push(self._engine.weights())
         for entry in outbox.pending(UPDATE):
             if entry.sequence > state.sequence:
                 header, delta = decode_update(entry)
                 log.info(
                     "folding update %d into the reference (written before a crash)", entry.sequence
                 )
-                reference = [
-                    (n, r + d) for (n, r), (_, d) in zip(state.reference, delta, strict=True)
-                ]
+                reference = _plus(state.reference, delta)
                 state = replace(
                     state,
                     sequence=entry.merged_through,
                     reference=reference,
                     local=reference,
+                    in_flight=(*state.in_flight, InFlight(entry.sequence, delta)),
                     pushed_episodes=state.pushed_episodes + header.episodes,
                     pushed_env_steps=state.pushed_env_steps + header.env_steps,
                     saved_episodes=state.pushed_episodes + header.episodes,
@@ -203,7 +210,8 @@ class WeightSync:
         )
         return replace(
             state,
-            reference=[(n, r - d) for (n, r), (_, d) in zip(state.reference, delta, strict=True)],
+            reference=_minus(state.reference, delta),
+            in_flight=tuple(p for p in state.in_flight if p.sequence != entry.sequence),
             pushed_episodes=state.pushed_episodes - header.episodes,
             pushed_env_steps=state.pushed_env_steps - header.env_steps,
             taken_back=(*state.taken_back, entry.sequence),
@@ -246,7 +254,8 @@ class WeightSync:
             self.push()
 
     def _absorb(self) -> None:
-        """Take back updates the server handed back; adopt a newly pulled global model."""
+        """Take back updates the server handed back; adopt a newly pulled global model; collect
+        the scores of global versions that finished."""
         traffic = self._require_traffic()
         given_back = traffic.given_back
         if given_back != self._taken_back_count:
@@ -255,6 +264,11 @@ class WeightSync:
         model = traffic.take_pending()
         if model is not None:
             self._adopt(model)
+        if self._scoring is not None:
+            self._scoring.set_interval(traffic.global_eval_interval)
+            for score in self._scoring.take_scores():
+                self._last_score = self._unreported_score = score
+                self._record("score", version=score.version, global_eval=score.mean_return)
 
     def push(self) -> int | None:
         """Write the progress since the last push to the outbox; its sequence, or None if none."""
@@ -289,11 +303,21 @@ class WeightSync:
                 )
             ],
         )
-        self._state = self._nothing_to_push(
-            local,
-            base_version=state.base_version,
+        # The reference moves by the delta as the server will decode it, not to
+        # the local model: what bf16 rounding left out stays in local − reference
+        # and leaves with the next push (error feedback), and a version holding
+        # only this push then equals the reference exactly.
+        _, wire = decode_update(entry)
+        self._state = replace(
+            state,
             sequence=entry.sequence,
-            taken_back=state.taken_back,
+            pushed_episodes=counters.episodes,
+            pushed_env_steps=counters.env_steps,
+            saved_episodes=counters.episodes,
+            saved_env_steps=counters.env_steps,
+            reference=_plus(state.reference, wire),
+            local=local,
+            in_flight=(*state.in_flight, InFlight(entry.sequence, wire)),
         )
         save_sync_state(self.state_path, self._state)
         self._require_traffic().release(entry.sequence)
@@ -311,26 +335,18 @@ class WeightSync:
         )
         return entry.sequence
 
-    def _nothing_to_push(
-        self,
-        weights: NamedArrays,
-        *,
-        base_version: int,
-        sequence: int,
-        taken_back: tuple[int, ...] = (),
-    ) -> SyncState:
-        """A state as of now with all progress pushed: reference and model are `weights`."""
+    def _nothing_to_push(self, weights: NamedArrays) -> SyncState:
+        """A fresh state as of now, before any adoption: reference and model are `weights`."""
         counters = self._engine.counters
         return SyncState(
-            base_version=base_version,
-            sequence=sequence,
+            base_version=-1,
+            sequence=0,
             pushed_episodes=counters.episodes,
             pushed_env_steps=counters.env_steps,
             saved_episodes=counters.episodes,
             saved_env_steps=counters.env_steps,
             reference=weights,
             local=weights,
-            taken_back=taken_back,
         )
 
     def _record(self, kind: str, **fields: Any) -> None:
@@ -352,47 +368,65 @@ class WeightSync:
             metrics.mean_return = float(np.mean(self._returns))
         if self._eval_since_push is not None:
             metrics.eval_return = self._eval_since_push
-        if self._base_eval is not None and self._state is not None:
-            version, value = self._base_eval
-            if version == self._state.base_version:
-                metrics.base_eval_return = value
+        if self._unreported_score is not None:
+            # The server credits it to that version's row: its best version is a scored one.
+            metrics.base_eval_return = self._unreported_score.mean_return
+            metrics.evaluated_version = self._unreported_score.version
+            self._unreported_score = None
         if self._losses and math.isfinite(loss := float(np.mean(self._losses))):
             metrics.loss = loss
         return metrics
 
     def _adopt(self, model: GlobalModel) -> None:
+        """Apply to the learner what others added to the global model, and nothing else.
+
+        The reference is what the server holds of this model: the adopted
+        version plus the deltas pushed since that it does not include yet.
+        The new version includes this participant's updates up to
+        `applied_sequence`; the deltas pushed after that are still on their way
+        into a later version and stay in flight. So the new reference is
+        g + (those deltas), and change = new reference − old reference is the
+        others' contribution (under averaging, also the dilution of one's own
+        delta). Both networks move by it ("shift", the default): the online
+        net keeps everything it learned since the last push, and the target
+        net keeps its lag behind the online net, so the TD targets a DQN
+        bootstraps from do not jump at each adoption. A version holding only
+        this participant's own pushes gives change = 0 up to float rounding
+        (its deltas travel as the server decodes them, and the reference adds
+        them the same way), so a participant alone in a session learns as it
+        would offline: online and target net, optimizer and replay untouched.
+        Measured (CartPole, N = 2, weights and experience, 10 seeds, lock-step
+        simulation): shifting the target solved 1.9x faster to a first greedy
+        475 than resetting it, whose group never held 475 within 8k steps.
+        """
         assert self._state is not None
         state = self._state
         if model.version <= state.base_version:
             return
-        local = self._engine.weights()
-        rebased = [
-            (n, (g + (w - r)).astype(np.float32))
-            for (n, g), (_, w), (_, r) in zip(model.tensors, local, state.reference, strict=True)
-        ]
+        reference, still_in_flight, change = rebase(
+            state.reference, state.in_flight, model.tensors, model.applied_sequence
+        )
+        adopted = _plus(self._engine.weights(), change)
         counters = self._engine.counters
         self._state = replace(
             state,
             base_version=model.version,
             saved_episodes=counters.episodes,
             saved_env_steps=counters.env_steps,
-            reference=model.tensors,
-            local=rebased,
+            reference=reference,
+            local=adopted,
+            in_flight=still_in_flight,
         )
         save_sync_state(self.state_path, self._state)
-        interval = self._engine.config.eval_interval
-        if self._evaluate_global and interval and counters.env_steps >= self._next_global_eval:
-            # The server tracks the best global version by this number. Like
-            # the local evaluation, at most once per eval_interval env steps:
-            # a good CartPole model costs 5000 greedy steps per evaluation.
-            self._base_eval = (model.version, self._engine.evaluate(model.tensors).mean)
-            self._next_global_eval = counters.env_steps + interval
-        self._engine.set_weights(rebased, target=self._target_at_adoption)
+        self._engine.adopt(adopted, target=self._target_at_adoption)
+        if self._scoring is not None:
+            self._scoring.offer(model.version, model.tensors, env_steps=counters.env_steps)
         log.info("adopted global version %d", model.version)
-        global_eval = (
-            self._base_eval[1] if self._base_eval and self._base_eval[0] == model.version else None
+        self._record(
+            "adopt",
+            version=model.version,
+            change_norm=float(np.sqrt(sum(float(np.sum(c * c)) for _, c in change))),
         )
-        self._record("adopt", version=model.version, global_eval=global_eval)
 
     # Progress and stop.
 
@@ -407,9 +441,15 @@ class WeightSync:
         return self._engine.counters.episodes - pushed
 
     @property
-    def global_eval(self) -> float | None:
-        """Greedy return of the last global model evaluated here, if any."""
-        return self._base_eval[1] if self._base_eval is not None else None
+    def global_score(self) -> VersionScore | None:
+        """The last global version scored here, and its greedy return, if any."""
+        return self._last_score
+
+    def close(self) -> None:
+        """Stop the scoring thread (an evaluation under way is finished first)."""
+        if self._scoring is not None:
+            self._scoring.close()
+            self._scoring = None
 
     def finish(self, *, deadline: float) -> int:
         """Push what is left and wait (until `deadline`, monotonic) for the acknowledgements.
@@ -425,6 +465,9 @@ class WeightSync:
                 # progress cannot be pushed, so fetch one first.
                 with contextlib.suppress(UnavailableError, RejectedError, TimeoutError):
                     traffic.refresh_now(max(1.0, deadline - time.monotonic()))
+            if self._scoring is not None:
+                # A score under way leaves with the last push: the session's best stays known.
+                self._scoring.wait_idle(max(0.0, min(30.0, deadline - time.monotonic())))
             self._absorb()
             self.push()
             if not traffic.flush(max(0.0, deadline - time.monotonic())):
@@ -467,6 +510,7 @@ class WeightTraffic:
         self._sendable_through = 0
         self._pending: GlobalModel | None = None
         self._given_back = 0
+        self._global_eval_interval = 0
         self._wake = link.add_task("weight sync", self._work, on_join=self._joined, on_notice=True)
 
     # Main-thread side.
@@ -476,6 +520,12 @@ class WeightTraffic:
         with self._lock:
             self._sendable_through = max(self._sendable_through, sequence)
         self._wake()
+
+    @property
+    def global_eval_interval(self) -> int:
+        """The session's env steps between scored global versions (0 before the first join)."""
+        with self._lock:
+            return self._global_eval_interval
 
     def take_pending(self) -> GlobalModel | None:
         """The newest pulled global model not adopted yet, if any."""
@@ -500,8 +550,11 @@ class WeightTraffic:
     # Network-thread side.
 
     async def _joined(self, client: FederationClient, reply: pb.JoinReply) -> None:
-        """After every join: lift the outbox past what the server holds; seed an empty session."""
+        """After every join: lift the outbox past what the server holds; note how often the
+        session wants global versions scored; seed an empty session."""
         self._outbox.observe_acknowledged(UPDATE, reply.last_update_sequence)
+        with self._lock:
+            self._global_eval_interval = reply.config.global_eval_interval
         if reply.current_version >= 0:
             return
         try:
@@ -586,3 +639,31 @@ class WeightTraffic:
         with self._lock:
             through = self._sendable_through
         return not any(e.sequence <= through for e in self._outbox.pending(UPDATE))
+
+
+def rebase(
+    reference: NamedArrays,
+    in_flight: tuple[InFlight, ...],
+    version: NamedArrays,
+    applied_sequence: int,
+) -> tuple[NamedArrays, tuple[InFlight, ...], NamedArrays]:
+    """The new reference, the deltas still in flight, and the change adopting `version` brings.
+
+    `version` includes this participant's updates up to `applied_sequence`;
+    those pushed later are still on their way into a version and stay in
+    flight. The new reference is the version plus them, and the change is
+    new reference − old reference: what the others added (WeightSync._adopt).
+    """
+    still_in_flight = tuple(p for p in in_flight if p.sequence > applied_sequence)
+    new_reference = [(n, np.asarray(g, dtype=np.float32)) for n, g in version]
+    for pushed in still_in_flight:
+        new_reference = _plus(new_reference, pushed.delta)
+    return new_reference, still_in_flight, _minus(new_reference, reference)
+
+
+def _plus(a: NamedArrays, b: NamedArrays) -> NamedArrays:
+    return [(n, x + y) for (n, x), (_, y) in zip(a, b, strict=True)]
+
+
+def _minus(a: NamedArrays, b: NamedArrays) -> NamedArrays:
+    return [(n, x - y) for (n, x), (_, y) in zip(a, b, strict=True)]

@@ -46,14 +46,12 @@ from fedrl.client.training.actor import (
     parse_fill,
     slot_capacity,
 )
-from fedrl.client.training.evaluation import EvalResult, Evaluator
+from fedrl.client.training.evaluation import EvalResult, Evaluator, Scorer, greedy_policy
 from fedrl.client.training.learner import Learner, LearnerConfig, TargetAtAdoption
 from fedrl.client.training.networks import NetworkConfig
-from fedrl.client.training.policy_network import ActorCritic
 from fedrl.client.training.ppo_actor import PPOActorCore, PPOActorSpec
 from fedrl.client.training.ppo_learner import PPOConfig, PPOLearner
 from fedrl.client.training.q_network import DEFAULT_NETWORK, load_named_arrays
-from fedrl.client.training.replay import Replay
 from fedrl.client.training.rollout import Rollout
 from fedrl.client.training.shm import (
     BoardLayout,
@@ -220,14 +218,8 @@ class TrainingEngine:
         *,
         network: NetworkConfig = DEFAULT_NETWORK,
         recent_window: int = 100,
-        replay: Callable[[LearnerConfig, tuple[int, ...]], Replay] | None = None,
     ) -> None:
-        """A PPOConfig trains PPO, a LearnerConfig DQN; `network` picks the torso of either.
-
-        `replay` (DQN only) builds the learner's replay from its (seeded) config
-        and the observation shape, e.g. `mixed_replay` for experience exchange;
-        None gives the default replay.
-        """
+        """A PPOConfig trains PPO, a LearnerConfig DQN; `network` picks the torso of either."""
         self.config = config
         self._seeds = np.random.SeedSequence(config.seed)
         actor_seeds, eval_seed, learner_seed = self._seeds.spawn(3)
@@ -243,11 +235,6 @@ class TrainingEngine:
         self.obs_shape, self.n_actions = shape.obs_shape, shape.n_actions
         self.learner: Learner | PPOLearner
         if isinstance(learner_config, PPOConfig):
-            if replay is not None:
-                raise ValueError(
-                    "PPO learns on-policy from its own rollouts and keeps no replay; "
-                    "experience exchange is for DQN"
-                )
             self.learner = PPOLearner(
                 obs_shape=self.obs_shape,
                 shape=shape,
@@ -260,7 +247,6 @@ class TrainingEngine:
                 obs_shape=self.obs_shape,
                 n_actions=self.n_actions,
                 config=seeded,
-                replay=replay(seeded, self.obs_shape) if replay is not None else None,
                 network=network,
             )
         self._batch_hooks: list[Callable[[LearnerTransitions], None]] = []
@@ -288,6 +274,11 @@ class TrainingEngine:
         # the first update does not face a backlog of learning_starts·ratio.
         self._steps_when_ready: int | None = None
         self._updates_when_ready = 0
+        self.foreign_received = 0
+        """Other participants' transitions taken in (add_foreign), this run."""
+        self._foreign_credit = 0.0
+        """Local-step equivalents of the foreign transitions taken in (add_foreign)."""
+        self._foreign_credit_when_ready = 0.0
         self._serial: ActorCore | PPOActorCore | None = None
         self._actors: list[_ActorHandle] = []
         self._ring: SlotRing[Any] | None = None
@@ -575,7 +566,11 @@ class TrainingEngine:
         if self._steps_when_ready is None:
             self._steps_when_ready = self._env_steps
             self._updates_when_ready = learner.updates
-        credit = math.floor(self.config.replay_ratio * (self._env_steps - self._steps_when_ready))
+            self._foreign_credit_when_ready = self._foreign_credit
+        steps = (self._env_steps - self._steps_when_ready) + (
+            self._foreign_credit - self._foreign_credit_when_ready
+        )
+        credit = math.floor(self.config.replay_ratio * steps)
         return credit - (learner.updates - self._updates_when_ready)
 
     def _take(
@@ -620,6 +615,23 @@ class TrainingEngine:
         self._returns_log.extend(
             (float(r), int(n)) for r, n in zip(episode_returns, episode_lengths, strict=True)
         )
+
+    def add_foreign(self, batch: LearnerTransitions, *, credit: float = 1.0) -> None:
+        """Other participants' transitions, into the learner's one replay beside local ones.
+
+        Each earns `credit` times a local env step's replay-ratio credit:
+        with 1, every transition in the replay gets the same expected number
+        of replays whoever collected it, and the updates grow with all the
+        data received (Ape-X's learner, across a federation). Checked like a
+        local batch; DQN only (PPO learns from its own rollouts).
+        """
+        if not isinstance(self.learner, Learner):
+            raise TypeError("foreign transitions are off-policy data: only DQN learns from them")
+        if not credit >= 0.0:
+            raise ValueError(f"credit must be >= 0, got {credit}")
+        self.learner.add(batch, foreign=True)
+        self.foreign_received += len(batch)
+        self._foreign_credit += credit * len(batch)
 
     def on_batch(self, hook: Callable[[LearnerTransitions], None]) -> None:
         """Call `hook` with every local batch the learner takes in, after it was validated."""
@@ -703,18 +715,22 @@ class TrainingEngine:
         if weights is not None:
             net = copy.deepcopy(net)
             load_named_arrays(net, weights)
-        device = next(net.parameters()).device
+        return self._evaluator.run_policy(greedy_policy(net))
 
-        def act(obs: npt.NDArray[np.float32]) -> npt.NDArray[np.generic]:
-            with torch.inference_mode():
-                batch = torch.from_numpy(obs).to(device)
-                if isinstance(net, ActorCritic):
-                    action: npt.NDArray[np.generic] = net.greedy(batch).cpu().numpy()
-                else:
-                    action = net(batch).argmax(dim=1).cpu().numpy()
-            return action
-
-        return self._evaluator.run_policy(act)
+    def scorer(self, episodes: int) -> Scorer:
+        """A greedy evaluator of other weights for another thread: its own envs, seeds and a
+        CPU copy of the network, so scoring never touches the learner, its device, the
+        actors or the engine's own evaluation envs (and so never changes what training does)."""
+        (seed,) = self._seeds.spawn(1)
+        evaluator = Evaluator(
+            self.config.env,
+            data=self.config.data,
+            episodes=episodes,
+            seed=seed,
+            max_steps=self.config.eval_max_steps,
+            window=self._network.window,
+        )
+        return Scorer(copy.deepcopy(self.learner.online).to("cpu"), evaluator)
 
     # -- hooks for the sync loop and autosave --------------------------------
 
@@ -764,6 +780,23 @@ class TrainingEngine:
             self.learner.set_weights(arrays, target=target)
         if self._started:
             self._publish()
+
+    def adopt(
+        self, arrays: Sequence[tuple[str, npt.NDArray[Any]]], *, target: TargetAtAdoption
+    ) -> None:
+        """Adopt a global model during training.
+
+        DQN's actors get it with the next regular publish (at most
+        weights_interval updates later), as they get every other change of the
+        learner: adopting changes what the actors play no sooner than training
+        would, so a lone participant's run stays the run it would be offline.
+        PPO's actors get it at once: a rollout must come from the policy it
+        updates.
+        """
+        if isinstance(self.learner, PPOLearner):
+            self.set_weights(arrays)
+        else:
+            self.learner.set_weights(arrays, target=target)
 
 
 def _seed_of(seed: np.random.SeedSequence) -> int:

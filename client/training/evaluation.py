@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import torch
+from torch import nn
 
+from fedrl.client.training.policy_network import ActorCritic
+from fedrl.client.training.q_network import load_named_arrays
 from fedrl.client.training.vector_env import make_vector_env, reset_seeded
 
 QValues = Callable[[npt.NDArray[np.float32]], npt.NDArray[np.float32]]
@@ -85,3 +90,35 @@ class Evaluator:
 
     def close(self) -> None:
         self._env.close()
+
+
+def greedy_policy(net: nn.Module) -> Act:
+    """The greedy action of a Q-network (argmax) or an actor-critic (its `greedy`) per row."""
+    device = next(net.parameters()).device
+
+    def act(obs: npt.NDArray[np.float32]) -> npt.NDArray[np.generic]:
+        with torch.inference_mode():
+            batch = torch.from_numpy(obs).to(device)
+            if isinstance(net, ActorCritic):
+                action: npt.NDArray[np.generic] = net.greedy(batch).cpu().numpy()
+            else:
+                action = net(batch).argmax(dim=1).cpu().numpy()
+        return action
+
+    return act
+
+
+class Scorer:
+    """Scores weights greedily with a network and envs of its own; one caller at a time."""
+
+    def __init__(self, net: nn.Module, evaluator: Evaluator) -> None:
+        self._net = net.requires_grad_(False)
+        self._evaluator = evaluator
+        self._act = greedy_policy(self._net)
+
+    def score(self, weights: Sequence[tuple[str, npt.NDArray[Any]]]) -> EvalResult:
+        load_named_arrays(self._net, weights)
+        return self._evaluator.run_policy(self._act)
+
+    def close(self) -> None:
+        self._evaluator.close()

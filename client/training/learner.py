@@ -488,14 +488,12 @@ class Learner:
         bootstrap from: "reset" copies the new model (a fresh start, as after
         loading a checkpoint), "keep" leaves it as it was, "shift" moves it by
         the same change as the online net so that its lag behind the online
-        net is kept. Measured for federated adoption (sync every 2 episodes):
-        in the two-participant demo (400 episodes) "reset" reached the goal
-        after 21.6k-24.0k env steps, i.e. its agents learned to balance,
-        against 5.7k-10.6k for "keep" and 13.0k-22.5k for "shift"; a lone
-        participant with sync 10 solved CartPole 2 of 2 times with "keep" and
-        0 of 4 with "reset" (bench/federation.py), so the choice is a knob.
-        Adam's moments are kept in every case; they describe the loss surface,
-        which a nearby model shares.
+        net is kept. Federated adoption shifts by default: the change it
+        applies is the other participants' progress, and a DQN whose target
+        jumps to the online net at every adoption (every few episodes) loses
+        its stable bootstrap (fedrl.client.federation.weight_sync has the
+        figures). Adam's moments are kept in every case; they describe the
+        loss surface, which a nearby model shares.
         """
         if target not in TARGET_AT_ADOPTION:
             raise ValueError(

@@ -18,7 +18,7 @@ class GoalState(_message.Message):
     def __init__(self, total_episodes: _Optional[int] = ..., episodes_done: _Optional[int] = ..., reached: _Optional[bool] = ...) -> None: ...
 
 class SessionConfig(_message.Message):
-    __slots__ = ("max_staleness", "buffer_size", "chunk_bytes", "max_message_bytes", "strategy", "server_learning_rate", "sync_interval", "delta_dtypes")
+    __slots__ = ("max_staleness", "buffer_size", "chunk_bytes", "max_message_bytes", "strategy", "server_learning_rate", "sync_interval", "delta_dtypes", "global_eval_interval")
     MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
     BUFFER_SIZE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class SessionConfig(_message.Message):
     SERVER_LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
     SYNC_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     DELTA_DTYPES_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_EVAL_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     max_staleness: int
     buffer_size: int
     chunk_bytes: int
@@ -35,7 +36,8 @@ class SessionConfig(_message.Message):
     server_learning_rate: float
     sync_interval: int
     delta_dtypes: _containers.RepeatedScalarFieldContainer[_tensor_pb2.DType]
-    def __init__(self, max_staleness: _Optional[int] = ..., buffer_size: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., strategy: _Optional[str] = ..., server_learning_rate: _Optional[float] = ..., sync_interval: _Optional[int] = ..., delta_dtypes: _Optional[_Iterable[_Union[_tensor_pb2.DType, str]]] = ...) -> None: ...
+    global_eval_interval: int
+    def __init__(self, max_staleness: _Optional[int] = ..., buffer_size: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., strategy: _Optional[str] = ..., server_learning_rate: _Optional[float] = ..., sync_interval: _Optional[int] = ..., delta_dtypes: _Optional[_Iterable[_Union[_tensor_pb2.DType, str]]] = ..., global_eval_interval: _Optional[int] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
     __slots__ = ("session", "participant_id", "spec", "spec_hash", "client_version")
@@ -110,16 +112,18 @@ class SeedReply(_message.Message):
     def __init__(self, version: _Optional[int] = ...) -> None: ...
 
 class UpdateMetrics(_message.Message):
-    __slots__ = ("mean_return", "eval_return", "base_eval_return", "loss")
+    __slots__ = ("mean_return", "eval_return", "base_eval_return", "loss", "evaluated_version")
     MEAN_RETURN_FIELD_NUMBER: _ClassVar[int]
     EVAL_RETURN_FIELD_NUMBER: _ClassVar[int]
     BASE_EVAL_RETURN_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
+    EVALUATED_VERSION_FIELD_NUMBER: _ClassVar[int]
     mean_return: float
     eval_return: float
     base_eval_return: float
     loss: float
-    def __init__(self, mean_return: _Optional[float] = ..., eval_return: _Optional[float] = ..., base_eval_return: _Optional[float] = ..., loss: _Optional[float] = ...) -> None: ...
+    evaluated_version: int
+    def __init__(self, mean_return: _Optional[float] = ..., eval_return: _Optional[float] = ..., base_eval_return: _Optional[float] = ..., loss: _Optional[float] = ..., evaluated_version: _Optional[int] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
     __slots__ = ("session", "participant_id", "sequence", "base_version", "env_steps", "episodes", "samples", "metrics", "spec_hash", "tensors")
@@ -186,7 +190,7 @@ class PullModelRequest(_message.Message):
     def __init__(self, session: _Optional[str] = ..., participant_id: _Optional[str] = ..., version: _Optional[int] = ..., have_version: _Optional[int] = ..., dtype: _Optional[_Union[_tensor_pb2.DType, str]] = ..., codec: _Optional[_Union[_tensor_pb2.Codec, str]] = ...) -> None: ...
 
 class ModelHeader(_message.Message):
-    __slots__ = ("session", "version", "is_delta", "from_version", "spec_hash", "tensors", "goal")
+    __slots__ = ("session", "version", "is_delta", "from_version", "spec_hash", "tensors", "goal", "applied_sequence")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     IS_DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +198,7 @@ class ModelHeader(_message.Message):
     SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     GOAL_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     session: str
     version: int
     is_delta: bool
@@ -201,7 +206,8 @@ class ModelHeader(_message.Message):
     spec_hash: str
     tensors: _tensor_pb2.TensorListHeader
     goal: GoalState
-    def __init__(self, session: _Optional[str] = ..., version: _Optional[int] = ..., is_delta: _Optional[bool] = ..., from_version: _Optional[int] = ..., spec_hash: _Optional[str] = ..., tensors: _Optional[_Union[_tensor_pb2.TensorListHeader, _Mapping]] = ..., goal: _Optional[_Union[GoalState, _Mapping]] = ...) -> None: ...
+    applied_sequence: int
+    def __init__(self, session: _Optional[str] = ..., version: _Optional[int] = ..., is_delta: _Optional[bool] = ..., from_version: _Optional[int] = ..., spec_hash: _Optional[str] = ..., tensors: _Optional[_Union[_tensor_pb2.TensorListHeader, _Mapping]] = ..., goal: _Optional[_Union[GoalState, _Mapping]] = ..., applied_sequence: _Optional[int] = ...) -> None: ...
 
 class ModelChunk(_message.Message):
     __slots__ = ("header", "chunk")
