@@ -3,8 +3,8 @@
 A teacher participant pushes transitions of a decent CartPole controller
 (with exploration noise) through the server. Two students get the same
 small budget of their own environment steps and gradient updates; one also
-pulls the teacher's transitions into its replay, the other does not. The one with foreign experience must reach a clearly higher
-greedy return (measured: ~240 against ~16 over four seeds).
+pulls the teacher's transitions into its replay, the other does not. The one
+with foreign experience must reach a clearly higher greedy return.
 """
 
 from __future__ import annotations
