@@ -4,7 +4,12 @@ An update's L2 norm (over all its tensors) is refused when it exceeds
 `factor` times a reference:
 
 - the median norm of the session's last WINDOW accepted updates, once at
-  least WARMUP of them are known (since this server started);
+  least WARMUP of them are known (since this server started), but never
+  less than MODEL_FLOOR of the global model's own norm: a session whose
+  last updates were near zero (a learner that trained little before it
+  left, participants that only act) must not refuse the next learner's
+  first honest sync (seen: 0.23 refused against a median of 1.4e-7, i.e. a
+  bound 20 x 1e-7, when the model's norm was about 8);
 - before that, the norm of the global model itself: one sync cannot
   honestly move a model by several times its own size;
 - no reference yet (a model of zeros and no accepted update): no bound.
@@ -39,6 +44,10 @@ WINDOW = 32
 """Accepted updates whose norms the median is taken over."""
 WARMUP = 4
 """Accepted updates needed before their median is the reference."""
+MODEL_FLOOR = 0.01
+"""The reference is at least this share of the global model's norm: with the default factor,
+an update of a fifth of the model's size is never refused for being larger than the recent
+ones."""
 
 
 def l2_norm(tensors: Sequence[np.ndarray]) -> float:
@@ -63,14 +72,19 @@ class NormBound:
         """Raise InvalidRequestError if `norm` is above the bound; `model` is global `version`."""
         if self._factor <= 0:
             return
-        if len(self._recent) >= WARMUP:
-            reference = statistics.median(self._recent)
+        if self._model[0] != version:
+            self._model = (version, l2_norm(model))
+        model_norm = self._model[1]
+        median = statistics.median(self._recent) if len(self._recent) >= WARMUP else 0.0
+        if len(self._recent) >= WARMUP and median >= MODEL_FLOOR * model_norm:
+            reference = median
             basis = f"the median norm {reference:.4g} of the session's last {len(self._recent)} "
             basis += "accepted updates"
+        elif len(self._recent) >= WARMUP:
+            reference = MODEL_FLOOR * model_norm
+            basis = f"{MODEL_FLOOR:g} x the norm {model_norm:.4g} of global version {version}"
         else:
-            if self._model[0] != version:
-                self._model = (version, l2_norm(model))
-            reference = self._model[1]
+            reference = model_norm
             basis = f"the norm {reference:.4g} of global version {version}"
         if reference <= 0:
             return

@@ -161,7 +161,12 @@ def train_federated(config: TrainConfig) -> Counters:
     )
     state = open_state_dir(config, identity)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    engine = TrainingEngine(config.engine, config.learner_config, network=config.network)
+    engine = TrainingEngine(
+        config.engine,
+        config.learner_config,
+        network=config.network,
+        learn=config.role == "learner",
+    )
     sync: SyncLoop | None = None
     try:
         autosave = Autosaver(

@@ -28,6 +28,8 @@ from fedrl.client.training.ppo_learner import PPOConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.common.config_cli import doc, section
 
+Role = Literal["learner", "actor"]
+"""Whether a participant trains (learner) or only acts for the session's learners (actor)."""
 Algorithm = Literal["dqn", "ppo"]
 
 
@@ -70,6 +72,14 @@ class TrainConfig:
         metadata=doc(
             "What this participant shares: weights, experience (it then keeps its own model), "
             "or both."
+        ),
+    )
+    role: Role = field(
+        default="learner",
+        metadata=doc(
+            "learner: trains and shares what --share says; actor: only acts: plays the newest "
+            "global model and pushes its experience for the session's learners, never "
+            "trains (Ape-X's actors across the federation; DQN with --share both)."
         ),
     )
     sync_interval: int = field(
@@ -163,6 +173,8 @@ class TrainConfig:
                 refuse_for_ppo(changed)
             if self.share == "experience":
                 refuse_for_ppo(["share"])
+            if self.role == "actor":
+                refuse_for_ppo(["role"])
         for name in ("save_model_every", "save_progress_every", "sync_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

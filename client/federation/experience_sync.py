@@ -82,10 +82,11 @@ class ExchangeConfig:
         ),
     )
     push_transitions: int = field(
-        default=1024,
+        default=4096,
         metadata=doc(
             "Most transitions pushed to the session per sync: the newest of those collected "
-            "since the last push, each pushed once."
+            "since the last push, each pushed once (a batch waits for the previous one's "
+            "acknowledgement, so this bounds what one push carries)."
         ),
     )
     pull_transitions: int = field(
@@ -168,8 +169,12 @@ class ExperienceSync:
         session: str,
         participant_id: str,
         cursor: CursorFile,
+        pull: bool = True,
     ) -> None:
+        """`pull=False` only pushes: a participant that acts and does not learn has no use for
+        other participants' transitions."""
         self._config = config
+        self._pulls = pull
         self._unsent = UnsentTransitions(config.push_transitions, obs_shape)
         self._n_step = n_step
         self._gamma = gamma
@@ -248,6 +253,11 @@ class ExperienceSync:
         self._cursor_file.save(pulled.next_cursor)
         return added
 
+    def in_flight(self) -> bool:
+        """Whether a queued batch still waits for its acknowledgement (after attach)."""
+        _, outbox = self._require_attached()
+        return bool(self._enabled and outbox.pending(KIND))
+
     def send_soon(self) -> None:
         """Have the network thread send what is queued and pull (after attach)."""
         if self._wake is not None:
@@ -276,7 +286,7 @@ class ExperienceSync:
             await client.send_pending(outbox)
             with self._lock:
                 waiting = self._pulled is not None
-            if waiting:
+            if waiting or not self._pulls:
                 return
             previous = self._cursor
             pulled = await client.pull(previous, self._config.pull_transitions)

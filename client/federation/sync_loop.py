@@ -104,6 +104,11 @@ class SyncLoop:
         `on_record` receives one metrics record per push ("sync") and adoption ("adopt")."""
         if sync_interval < 1:
             raise ValueError(f"sync interval must be at least one episode, got {sync_interval}")
+        if not engine.learns and share != "both":
+            raise ValueError(
+                "a participant that only acts (--role actor) plays the global model and pushes "
+                "its experience for the session's learners: it needs --share both"
+            )
         self._engine = engine
         self._dir = state_dir
         self._participant_id = participant_id
@@ -143,6 +148,7 @@ class SyncLoop:
                 session=session,
                 participant_id=participant_id,
                 cursor=CursorFile(state_dir / EXPERIENCE_CURSOR_FILE),
+                pull=engine.learns,
             )
             engine.on_batch(self._experience.record)
         self._link: ServerLink | None = None
@@ -205,8 +211,15 @@ class SyncLoop:
         if self._experience is not None:
             self._experience.adopt(self._engine)
         # Its own clock: before the first adoption the weight half pushes
-        # nothing, but experience still goes out.
-        if self._engine.counters.episodes - self._experience_queued_at >= self._sync_interval:
+        # nothing, but experience still goes out. One batch in flight at a
+        # time, as for updates: while one waits (the server's rate limit, a
+        # slow link), new transitions gather into the next, larger batch
+        # instead of a queue the outbox would have to drop from.
+        if (
+            self._experience is not None
+            and self._engine.counters.episodes - self._experience_queued_at >= self._sync_interval
+            and not self._experience.in_flight()
+        ):
             self.queue_experience()
 
     def push(self) -> int | None:

@@ -276,6 +276,10 @@ class WeightSync:
         state = self._state
         counters = self._engine.counters
         env_steps = counters.env_steps - state.pushed_env_steps
+        if not self._engine.learns:
+            # An acting-only participant has no progress of its own: its model
+            # is the global one, and its contribution is its experience.
+            return None
         if state.base_version < 0 or env_steps <= 0:
             # Never synced: the progress stays in local − reference and goes
             # out with the first push after the first adoption.

@@ -218,8 +218,14 @@ class TrainingEngine:
         *,
         network: NetworkConfig = DEFAULT_NETWORK,
         recent_window: int = 100,
+        learn: bool = True,
     ) -> None:
-        """A PPOConfig trains PPO, a LearnerConfig DQN; `network` picks the torso of either."""
+        """A PPOConfig trains PPO, a LearnerConfig DQN; `network` picks the torso of either.
+
+        `learn=False` (DQN only) makes an engine that only acts: its actors play
+        whatever model it is given and its batches go to the on_batch hooks,
+        but nothing is stored or trained (a participant in the actor role).
+        """
         self.config = config
         self._seeds = np.random.SeedSequence(config.seed)
         actor_seeds, eval_seed, learner_seed = self._seeds.spawn(3)
@@ -233,6 +239,9 @@ class TrainingEngine:
             probe.close()
         self.env_shape = shape
         self.obs_shape, self.n_actions = shape.obs_shape, shape.n_actions
+        if not learn and on_policy:
+            raise ValueError("PPO learns from its own rollouts: it has no acting-only role")
+        self.learns = learn
         self.learner: Learner | PPOLearner
         if isinstance(learner_config, PPOConfig):
             self.learner = PPOLearner(
@@ -561,7 +570,7 @@ class TrainingEngine:
         return self.counters
 
     def _owed_updates(self, learner: Learner) -> int:
-        if not learner.ready():
+        if not self.learns or not learner.ready():
             return 0
         if self._steps_when_ready is None:
             self._steps_when_ready = self._env_steps
@@ -582,7 +591,11 @@ class TrainingEngine:
     ) -> None:
         assert isinstance(self.learner, Learner)
         if len(batch):
-            self.learner.add(batch)
+            if self.learns:
+                self.learner.add(batch)
+            else:
+                # Checked as the replay would check it: hooks get only valid rows.
+                batch.validate(self.obs_shape)
             for hook in self._batch_hooks:
                 hook(batch)
         self._count(env_steps, episode_returns, episode_lengths)
@@ -791,10 +804,11 @@ class TrainingEngine:
         learner: adopting changes what the actors play no sooner than training
         would, so a lone participant's run stays the run it would be offline.
         PPO's actors get it at once: a rollout must come from the policy it
-        updates.
+        updates. So do the actors of an engine that does not learn: it never
+        publishes otherwise.
         """
-        if isinstance(self.learner, PPOLearner):
-            self.set_weights(arrays)
+        if isinstance(self.learner, PPOLearner) or not self.learns:
+            self.set_weights(arrays, target=target)
         else:
             self.learner.set_weights(arrays, target=target)
 
