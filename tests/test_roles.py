@@ -98,7 +98,6 @@ def test_an_actor_plays_the_global_model_feeds_the_learner_and_never_trains(
                 learner,
                 actor,
             )
-            federation, _ = server.stubs()
             newest = actor[1].base_version
             learner[1].finish()
             actor[1].finish()
