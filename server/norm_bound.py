@@ -5,11 +5,13 @@ An update's L2 norm (over all its tensors) is refused when it exceeds
 
 - the median norm of the session's last WINDOW accepted updates, once at
   least WARMUP of them are known (since this server started), but never
-  less than MODEL_FLOOR of the global model's own norm: a session whose
-  last updates were near zero (a learner that trained little before it
-  left, participants that only act) must not refuse the next learner's
-  first honest sync (seen: 0.23 refused against a median of 1.4e-7, i.e. a
-  bound 20 x 1e-7, when the model's norm was about 8);
+  less than MODEL_FLOOR of the global model's own norm, so an update as
+  large as the model itself is never refused for being larger than the
+  recent ones. Update sizes in RL change by orders of magnitude between
+  phases of training: seen, 0.23 refused against a median of 1.4e-7 (a
+  learner that trained little before it left, then a new one), and a
+  learner's first syncs after its replay filled (norms 3-6 against a model
+  of norm 14) refused against the tiny updates from before it learned;
 - before that, the norm of the global model itself: one sync cannot
   honestly move a model by several times its own size;
 - no reference yet (a model of zeros and no accepted update): no bound.
@@ -44,10 +46,10 @@ WINDOW = 32
 """Accepted updates whose norms the median is taken over."""
 WARMUP = 4
 """Accepted updates needed before their median is the reference."""
-MODEL_FLOOR = 0.01
-"""The reference is at least this share of the global model's norm: with the default factor,
-an update of a fifth of the model's size is never refused for being larger than the recent
-ones."""
+MODEL_FLOOR = 0.05
+"""The reference is at least this share of the global model's norm: with the default factor
+of 20, an update up to the model's own norm is never refused for being larger than the recent
+ones (an honest sync measured at most 0.4 of it)."""
 
 
 def l2_norm(tensors: Sequence[np.ndarray]) -> float:

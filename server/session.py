@@ -264,6 +264,7 @@ class Federation:
             sync_interval=c.sync_interval,
             delta_dtypes=list(ACCEPTED_DELTA_DTYPES),
             global_eval_interval=c.global_eval_interval,
+            push_rate_per_s=c.push_rate_per_s,
         )
 
     # Join and leave.

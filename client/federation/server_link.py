@@ -68,6 +68,19 @@ class ServerView:
     """Updates acknowledged during this run."""
     duplicates: int = 0
     """Acknowledgements that were answers to a resend (recognised by the server)."""
+    session: pb.SessionConfig = field(default_factory=pb.SessionConfig)
+    """The session's settings from the last join (defaults before the first)."""
+
+    @property
+    def push_spacing_s(self) -> float:
+        """Seconds between two pushes of one kind that keep within the server's rate limit.
+
+        Pacing to it, rather than being refused with RESOURCE_EXHAUSTED and
+        retrying, keeps the logs quiet and the updates fresh: what is not
+        pushed yet goes with the next push.
+        """
+        rate = self.session.push_rate_per_s
+        return 1.0 / rate if rate > 0 else 0.0
 
 
 @dataclass
@@ -229,7 +242,7 @@ class ServerLink:
         """Join (again): run every part's join hook, then wake every task."""
         async with self._join_lock:
             reply = await self._join_only()
-            self.update_view(version=reply.current_version)
+            self.update_view(version=reply.current_version, session=reply.config)
             for task in self._tasks:
                 if task.on_join is not None:
                     await task.on_join(self.client, reply)

@@ -34,6 +34,7 @@ first step.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -154,6 +155,7 @@ class SyncLoop:
         self._link: ServerLink | None = None
         self._outbox: Outbox | None = None
         self._experience_queued_at = 0
+        self._experience_queued_time = -math.inf
 
     @property
     def state_path(self) -> Path:
@@ -218,6 +220,7 @@ class SyncLoop:
         if (
             self._experience is not None
             and self._engine.counters.episodes - self._experience_queued_at >= self._sync_interval
+            and time.monotonic() - self._experience_queued_time >= self.view.push_spacing_s
             and not self._experience.in_flight()
         ):
             self.queue_experience()
@@ -236,6 +239,7 @@ class SyncLoop:
             return None
         link = self._require_link()
         self._experience_queued_at = self._engine.counters.episodes
+        self._experience_queued_time = time.monotonic()
         entry = self._experience.queue(self._outbox, chunk_bytes=link.chunk_bytes)
         if entry is None:
             return None

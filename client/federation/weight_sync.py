@@ -149,6 +149,8 @@ class WeightSync:
         self._last_score: VersionScore | None = None
         self._unreported_score: VersionScore | None = None
         self._taken_back_count = 0
+        self._pushed_at = -math.inf
+        """When the last update was queued (monotonic): pushes keep the server's pace."""
 
     def attach(self, link: ServerLink, outbox: Outbox) -> None:
         """Restore the sync state (module docstring), then send and pull through the link."""
@@ -160,7 +162,7 @@ class WeightSync:
         if self._evaluate_global and self._engine.config.eval_episodes:
             self._scoring = GlobalScoring(
                 self._engine.scorer(self._engine.config.eval_episodes),
-                interval_env_steps=self._traffic.global_eval_interval,
+                interval_env_steps=link.view.session.global_eval_interval,
             )
 
     def _restore(self, outbox: Outbox) -> SyncState:
@@ -245,7 +247,8 @@ class WeightSync:
             if self._engine.on_policy
             else self.unpushed_episodes >= self._sync_interval
         )
-        if due and not self._outbox.pending(UPDATE):
+        paced = time.monotonic() - self._pushed_at >= self._require_link().view.push_spacing_s
+        if due and paced and not self._outbox.pending(UPDATE):
             # One update in flight at a time: while the previous one waits
             # (a slow link, the server's rate limit, an outage) the progress
             # keeps growing in local − reference and leaves as one fresher
@@ -265,7 +268,7 @@ class WeightSync:
         if model is not None:
             self._adopt(model)
         if self._scoring is not None:
-            self._scoring.set_interval(traffic.global_eval_interval)
+            self._scoring.set_interval(self._require_link().view.session.global_eval_interval)
             for score in self._scoring.take_scores():
                 self._last_score = self._unreported_score = score
                 self._record("score", version=score.version, global_eval=score.mean_return)
@@ -325,6 +328,7 @@ class WeightSync:
         )
         save_sync_state(self.state_path, self._state)
         self._require_traffic().release(entry.sequence)
+        self._pushed_at = time.monotonic()
         self._returns, self._losses, self._eval_since_push = [], [], None
         view = self._require_link().view
         self._record(
@@ -514,7 +518,6 @@ class WeightTraffic:
         self._sendable_through = 0
         self._pending: GlobalModel | None = None
         self._given_back = 0
-        self._global_eval_interval = 0
         self._wake = link.add_task("weight sync", self._work, on_join=self._joined, on_notice=True)
 
     # Main-thread side.
@@ -524,12 +527,6 @@ class WeightTraffic:
         with self._lock:
             self._sendable_through = max(self._sendable_through, sequence)
         self._wake()
-
-    @property
-    def global_eval_interval(self) -> int:
-        """The session's env steps between scored global versions (0 before the first join)."""
-        with self._lock:
-            return self._global_eval_interval
 
     def take_pending(self) -> GlobalModel | None:
         """The newest pulled global model not adopted yet, if any."""
@@ -554,11 +551,8 @@ class WeightTraffic:
     # Network-thread side.
 
     async def _joined(self, client: FederationClient, reply: pb.JoinReply) -> None:
-        """After every join: lift the outbox past what the server holds; note how often the
-        session wants global versions scored; seed an empty session."""
+        """After every join: lift the outbox past what the server holds; seed an empty session."""
         self._outbox.observe_acknowledged(UPDATE, reply.last_update_sequence)
-        with self._lock:
-            self._global_eval_interval = reply.config.global_eval_interval
         if reply.current_version >= 0:
             return
         try:

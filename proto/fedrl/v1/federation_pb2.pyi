@@ -18,7 +18,7 @@ class GoalState(_message.Message):
     def __init__(self, total_episodes: _Optional[int] = ..., episodes_done: _Optional[int] = ..., reached: _Optional[bool] = ...) -> None: ...
 
 class SessionConfig(_message.Message):
-    __slots__ = ("max_staleness", "buffer_size", "chunk_bytes", "max_message_bytes", "strategy", "server_learning_rate", "sync_interval", "delta_dtypes", "global_eval_interval")
+    __slots__ = ("max_staleness", "buffer_size", "chunk_bytes", "max_message_bytes", "strategy", "server_learning_rate", "sync_interval", "delta_dtypes", "global_eval_interval", "push_rate_per_s")
     MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
     BUFFER_SIZE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,7 @@ class SessionConfig(_message.Message):
     SYNC_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     DELTA_DTYPES_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_EVAL_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    PUSH_RATE_PER_S_FIELD_NUMBER: _ClassVar[int]
     max_staleness: int
     buffer_size: int
     chunk_bytes: int
@@ -37,7 +38,8 @@ class SessionConfig(_message.Message):
     sync_interval: int
     delta_dtypes: _containers.RepeatedScalarFieldContainer[_tensor_pb2.DType]
     global_eval_interval: int
-    def __init__(self, max_staleness: _Optional[int] = ..., buffer_size: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., strategy: _Optional[str] = ..., server_learning_rate: _Optional[float] = ..., sync_interval: _Optional[int] = ..., delta_dtypes: _Optional[_Iterable[_Union[_tensor_pb2.DType, str]]] = ..., global_eval_interval: _Optional[int] = ...) -> None: ...
+    push_rate_per_s: float
+    def __init__(self, max_staleness: _Optional[int] = ..., buffer_size: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., strategy: _Optional[str] = ..., server_learning_rate: _Optional[float] = ..., sync_interval: _Optional[int] = ..., delta_dtypes: _Optional[_Iterable[_Union[_tensor_pb2.DType, str]]] = ..., global_eval_interval: _Optional[int] = ..., push_rate_per_s: _Optional[float] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
     __slots__ = ("session", "participant_id", "spec", "spec_hash", "client_version")
