@@ -217,8 +217,8 @@ def test_ppo_runs_only_the_modes_it_supports(bench: ModuleType) -> None:
 
 
 def test_tasks_come_with_their_target_budget_and_marks(bench: ModuleType) -> None:
-    lunar = bench.resolve_task("lunarlander")
-    custom = bench.resolve_task("cartpole", budget=2_000, eval_every=500, target=200.0)
+    lunar = bench.resolve_task(bench.TASKS["lunarlander"])
+    custom = bench.resolve_task(bench.TASKS["cartpole"], budget=2_000, eval_every=500, target=200.0)
 
     assert (lunar.env, lunar.target, lunar.budget_steps, lunar.eval_every) == (
         "LunarLander-v3",
@@ -227,23 +227,23 @@ def test_tasks_come_with_their_target_budget_and_marks(bench: ModuleType) -> Non
         2_000,
     )
     assert (custom.env, custom.target, custom.budget_steps) == ("CartPole-v1", 200.0, 2_000)
-    assert bench.resolve_task("cartpole", env="LunarLander-v3") == lunar
+    assert bench.resolve_task(bench.TASKS["cartpole"], env="LunarLander-v3") == lunar
     settings = bench.Settings(budget_steps=custom.budget_steps, eval_every=custom.eval_every)
     assert settings.marks == [500, 1000, 1500, 2000]
 
 
 def test_an_unknown_env_needs_a_target(bench: ModuleType) -> None:
     with pytest.raises(ValueError, match="--target is needed for Acrobot-v1"):
-        bench.resolve_task("cartpole", env="Acrobot-v1")
+        bench.resolve_task(bench.TASKS["cartpole"], env="Acrobot-v1")
 
-    acrobot = bench.resolve_task("cartpole", env="Acrobot-v1", target=-100.0)
+    acrobot = bench.resolve_task(bench.TASKS["cartpole"], env="Acrobot-v1", target=-100.0)
 
     assert (acrobot.env, acrobot.target) == ("Acrobot-v1", -100.0)
 
 
 def test_marks_must_fit_in_the_budget(bench: ModuleType) -> None:
     with pytest.raises(ValueError, match="--eval-every"):
-        bench.resolve_task("cartpole", budget=1_000, eval_every=2_000)
+        bench.resolve_task(bench.TASKS["cartpole"], budget=1_000, eval_every=2_000)
 
 
 def test_the_offline_reference_starts_from_version_zero_of_the_same_seed(
