@@ -1,0 +1,260 @@
+"""bench/federation.py's figures: when a target counts as reached, and the summaries over seeds.
+
+The bench is a script, not a package module; it is loaded from its file, so
+these tests check exactly the functions the bench prints its figures with.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "federation.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("fedrl_bench_federation", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    # Dataclasses resolve their annotations through sys.modules.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(
+    bench: ModuleType,
+    mode: str,
+    n: int,
+    seed: int,
+    returns: list[float],
+    *,
+    target: float = 475.0,
+    updates: tuple[int, ...] = (),
+    cpu: tuple[float, ...] = (),
+) -> Any:
+    """A RunResult with marks every 100 steps, one second and one CPU second per mark."""
+    marks = [100 * (i + 1) for i in range(len(returns))]
+    participants = [
+        bench.ParticipantReport(
+            learns=True,
+            env_steps=marks[-1],
+            episodes=10,
+            updates=updates[i] if updates else marks[-1] // 2,
+            foreign_received=0,
+            cpu_seconds=cpu[i] if cpu else float(len(marks)),
+            mark_ms=[1000 * (k + 1) for k in range(len(marks))],
+            mark_cpu=[float(k + 1) for k in range(len(marks))],
+        )
+        for i in range(n)
+    ]
+    return bench.RunResult(
+        configuration=bench.Configuration(n=n, mode=mode),
+        seed=seed,
+        marks=marks,
+        returns=returns,
+        seconds=[float(k + 1) for k in range(len(marks))],
+        versions=[-1] * len(marks),
+        initial_return=9.0,
+        participants=participants,
+        total_versions=0,
+        run_seconds=float(len(marks)),
+        server_cpu_seconds=0.0,
+        target=target,
+    )
+
+
+def test_a_target_counts_as_reached_at_the_first_of_two_consecutive_marks(
+    bench: ModuleType,
+) -> None:
+    # A lone lucky mark (index 1) does not count; 3 and 4 in a row do.
+    returns = [10.0, 480.0, 300.0, 475.0, 500.0, 200.0]
+
+    assert bench.reached_at(returns, 475.0) == 3
+    assert bench.reached_at(returns, 475.0, consecutive=1) == 1
+
+
+def test_a_target_never_held_twice_in_a_row_is_not_reached(bench: ModuleType) -> None:
+    assert bench.reached_at([480.0, 100.0, 480.0, 100.0, 480.0], 475.0) is None
+    assert bench.reached_at([], 475.0) is None
+
+
+def test_reached_needs_at_least_one_mark(bench: ModuleType) -> None:
+    with pytest.raises(ValueError, match="consecutive"):
+        bench.reached_at([500.0], 475.0, consecutive=0)
+
+
+def test_a_run_reports_steps_seconds_and_cpu_at_the_reached_mark(bench: ModuleType) -> None:
+    result = run(bench, "both", 2, 0, [10.0, 480.0, 300.0, 475.0, 500.0])
+
+    assert result.steps_to_target == 400
+    assert result.first_mark_at_target == 200
+    assert result.seconds_to_target == 4.0
+    assert result.cpu_to_target == 4.0
+
+
+def test_the_median_counts_unsolved_seeds_as_infinity(bench: ModuleType) -> None:
+    assert bench.median_or_none([1000, None, 3000]) == 3000
+    assert bench.median_or_none([1000, None, None]) is None
+    assert bench.median_or_none([1000, 2000, None, None]) is None
+    assert bench.median_or_none([]) is None
+
+
+def test_ratio_is_none_where_a_side_is_missing(bench: ModuleType) -> None:
+    assert bench.ratio(3000.0, 1500.0) == 2.0
+    assert bench.ratio(None, 1500.0) is None
+    assert bench.ratio(3000.0, None) is None
+    assert bench.ratio(3000.0, 0.0) is None
+
+
+def test_speedup_is_offline_median_over_this_median_with_what_participants_spent(
+    bench: ModuleType,
+) -> None:
+    # prepare: offline reaches the target at 400 and 600 steps (median 500); the
+    # pair at 200 on both seeds, doing twice the updates per own env step.
+    low, high = 0.0, 500.0
+    results = [
+        run(bench, "offline", 1, 0, [low, low, low, high, high, high]),
+        run(bench, "offline", 1, 1, [low, low, low, low, low, high, high]),
+        run(bench, "both", 2, 0, [low, high, high, low], updates=(400, 400), cpu=(3.0, 5.0)),
+        run(bench, "both", 2, 1, [low, high, high, high], updates=(400, 400), cpu=(3.0, 5.0)),
+    ]
+
+    # act
+    summaries = {s.configuration.key: s for s in bench.summarise(results, cores=2)}
+
+    # assert
+    offline, pair = summaries["dqn offline N=1"], summaries["dqn both N=2"]
+    assert (offline.solved, offline.steps, offline.speedup) == (2, 500.0, 1.0)
+    assert (pair.solved, pair.steps, pair.speedup) == (2, 200.0, 2.5)
+    assert pair.updates_per_step == 1.0
+    assert pair.cpu_seconds == 4.0
+    assert pair.cpu_to_target == 2.0
+    assert pair.own_cores
+    assert pair.wall_speedup == pytest.approx(5.0 / 2.0)
+    assert pair.per_seed_steps == [200, 200]
+
+
+def test_no_speedup_when_the_median_seed_is_unsolved(bench: ModuleType) -> None:
+    results = [
+        run(bench, "offline", 1, 0, [0.0, 500.0, 500.0]),
+        run(bench, "weights", 1, 0, [0.0, 0.0, 0.0]),
+    ]
+
+    summaries = {s.configuration.key: s for s in bench.summarise(results, cores=2)}
+
+    weights = summaries["dqn weights N=1"]
+    assert (weights.solved, weights.steps, weights.speedup) == (0, None, None)
+    assert weights.steps_vs_reference is None
+    assert weights.reference_solved == 1
+
+
+def test_a_lone_federated_participant_is_compared_with_offline(bench: ModuleType) -> None:
+    results = [
+        run(bench, "offline", 1, 0, [0.0, 0.0, 0.0, 0.0, 500.0, 500.0]),
+        run(bench, "both", 1, 0, [0.0, 0.0, 0.0, 0.0, 0.0, 500.0, 500.0]),
+    ]
+
+    both = {s.configuration.key: s for s in bench.summarise(results, cores=2)}["dqn both N=1"]
+
+    assert both.steps_vs_reference == pytest.approx(600 / 500)
+
+
+def test_wall_clock_is_compared_only_where_each_participant_had_a_core(
+    bench: ModuleType,
+) -> None:
+    results = [
+        run(bench, "offline", 1, 0, [0.0, 500.0, 500.0]),
+        run(bench, "both", 4, 0, [500.0, 500.0, 500.0]),
+    ]
+
+    four = {s.configuration.key: s for s in bench.summarise(results, cores=2)}["dqn both N=4"]
+
+    assert not four.own_cores
+    assert four.seconds is None and four.wall_speedup is None
+    assert four.speedup == 2.0
+
+
+def test_the_mean_score_covers_every_mark_of_every_seed(bench: ModuleType) -> None:
+    results = [
+        run(bench, "offline", 1, 0, [0.0, 100.0]),
+        run(bench, "offline", 1, 1, [200.0, 300.0]),
+    ]
+
+    (offline,) = bench.summarise(results, cores=2)
+
+    assert offline.mean_return == 150.0
+    assert bench.median_curve(results) == [100.0, 200.0]
+
+
+def test_the_sweep_always_runs_the_offline_reference_and_every_mode_at_one(
+    bench: ModuleType,
+) -> None:
+    keys = [c.key for c in bench.sweep([2, 4], ["both", "roles"], ["dqn"])]
+
+    assert keys == [
+        "dqn offline N=1",
+        "dqn both N=1",
+        "dqn both N=2",
+        "dqn both N=4",
+        "dqn roles N=1",
+        "dqn roles N=2",
+        "dqn roles N=4",
+    ]
+
+
+def test_ppo_runs_only_the_modes_it_supports(bench: ModuleType) -> None:
+    keys = [c.key for c in bench.sweep([2], list(bench.MODES), ["ppo"])]
+
+    assert keys == ["ppo offline N=1", "ppo weights N=1", "ppo weights N=2"]
+
+
+def test_tasks_come_with_their_target_budget_and_marks(bench: ModuleType) -> None:
+    lunar = bench.resolve_task(bench.TASKS["lunarlander"])
+    custom = bench.resolve_task(bench.TASKS["cartpole"], budget=2_000, eval_every=500, target=200.0)
+
+    assert (lunar.env, lunar.target, lunar.budget_steps, lunar.eval_every) == (
+        "LunarLander-v3",
+        100.0,
+        60_000,
+        2_000,
+    )
+    assert (custom.env, custom.target, custom.budget_steps) == ("CartPole-v1", 200.0, 2_000)
+    assert bench.resolve_task(bench.TASKS["cartpole"], env="LunarLander-v3") == lunar
+    settings = bench.Settings(budget_steps=custom.budget_steps, eval_every=custom.eval_every)
+    assert settings.marks == [500, 1000, 1500, 2000]
+
+
+def test_an_unknown_env_needs_a_target(bench: ModuleType) -> None:
+    with pytest.raises(ValueError, match="--target is needed for Acrobot-v1"):
+        bench.resolve_task(bench.TASKS["cartpole"], env="Acrobot-v1")
+
+    acrobot = bench.resolve_task(bench.TASKS["cartpole"], env="Acrobot-v1", target=-100.0)
+
+    assert (acrobot.env, acrobot.target) == ("Acrobot-v1", -100.0)
+
+
+def test_marks_must_fit_in_the_budget(bench: ModuleType) -> None:
+    with pytest.raises(ValueError, match="--eval-every"):
+        bench.resolve_task(bench.TASKS["cartpole"], budget=1_000, eval_every=2_000)
+
+
+def test_the_offline_reference_starts_from_version_zero_of_the_same_seed(
+    bench: ModuleType,
+) -> None:
+    settings = bench.Settings()
+
+    first = bench.initial_weights(settings, 3, "dqn")
+    again = bench.initial_weights(settings, 3, "dqn")
+    other = bench.initial_weights(settings, 4, "dqn")
+
+    for (name, a), (_, b) in zip(first, again, strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    assert not all(np.array_equal(a, b) for (_, a), (_, b) in zip(first, other, strict=True))
