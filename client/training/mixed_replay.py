@@ -21,6 +21,8 @@ import math
 import numpy as np
 
 from fedrl.client.training.experience_conversion import to_transitions
+from fedrl.client.training.frame_replay import FrameReplay
+from fedrl.client.training.frame_segment import FrameSegment
 from fedrl.client.training.replay import PrioritizedReplay, SampledBatch
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.experience import ExperienceBatch
@@ -32,15 +34,16 @@ class MixedReplay:
     """Local and foreign transitions in two replays; each draw takes a fixed foreign share.
 
     The same interface as PrioritizedReplay (add, sample, update_priorities,
-    len), so the learner need not know. Slots of the foreign replay are
+    len), so the learner need not know; for frame stacks both are
+    FrameReplays, and actors' frames go to the local one. Slots of the foreign replay are
     numbered after the local capacity, so priorities find their way back.
     Importance weights are those of each replay; both are at most 1.
     """
 
     def __init__(
         self,
-        local: PrioritizedReplay,
-        foreign: PrioritizedReplay,
+        local: PrioritizedReplay | FrameReplay,
+        foreign: PrioritizedReplay | FrameReplay,
         *,
         foreign_share: float,
         gamma: float,
@@ -58,8 +61,24 @@ class MixedReplay:
     def __len__(self) -> int:
         return len(self.local) + len(self.foreign)
 
+    @property
+    def nbytes(self) -> int:
+        return self.local.nbytes + self.foreign.nbytes
+
     def add(self, batch: LearnerTransitions, *, foreign: bool = False) -> None:
         (self.foreign if foreign else self.local).add(batch)
+
+    def add_frames(self, streams: np.ndarray, segment: FrameSegment) -> np.ndarray:
+        """An actor's frames, into the local replay (a FrameReplay)."""
+        if not isinstance(self.local, FrameReplay):
+            raise TypeError("frame segments need a local replay that keeps frames")
+        return self.local.add_frames(streams, segment)
+
+    def transitions(self, slots: np.ndarray) -> LearnerTransitions:
+        """Transitions of the local replay (a FrameReplay), stacks rebuilt."""
+        if not isinstance(self.local, FrameReplay):
+            raise TypeError("only a frame replay rebuilds transitions from its slots")
+        return self.local.transitions(slots)
 
     def add_pulled(self, batch: ExperienceBatch) -> bool:
         """Add a pulled batch as foreign, unless it was made with another gamma."""

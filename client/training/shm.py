@@ -156,6 +156,8 @@ class RolloutLayout:
     obs_shape: tuple[int, ...]
     action_shape: tuple[int, ...]
     """() for Discrete actions (int64), (d,) for Box actions (float32)."""
+    obs_dtype: str = "float32"
+    """float32, or uint8 for images."""
 
     @property
     def episodes_per_slot(self) -> int:
@@ -167,7 +169,7 @@ class RolloutLayout:
         t, e = self.steps, self.envs
         action_dtype = np.float32 if self.action_shape else np.int64
         return [
-            ("obs", (t, e, *self.obs_shape), np.dtype(np.float32)),
+            ("obs", (t, e, *self.obs_shape), np.dtype(self.obs_dtype)),
             ("action", (t, e, *self.action_shape), np.dtype(action_dtype)),
             ("log_prob", (t, e), np.dtype(np.float32)),
             ("value", (t + 1, e), np.dtype(np.float32)),
