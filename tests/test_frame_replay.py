@@ -9,10 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.frame_replay import FrameReplay
+from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.nstep import NStepAccumulator
 from fedrl.client.training.transitions import LearnerTransitions
 from tests.support.frame_env import (
+    ENV_ID,
     GAMMA,
     OBS_SHAPE,
     STACK,
@@ -20,6 +23,7 @@ from tests.support.frame_env import (
     collect,
     frame_actor,
     keys,
+    register,
 )
 
 
@@ -201,3 +205,22 @@ def test_a_lost_life_cuts_the_return_and_the_game_goes_on() -> None:
     games_end = [i for i, s in enumerate(log) if s.terminated[0] or s.truncated[0]]
     first_end = games_end[0]
     assert got.episode_returns[0] == pytest.approx(sum(s.reward[0] for s in log[: first_end + 1]))
+
+
+def test_an_image_env_that_is_not_atari_trains_on_whole_observations_stored_frame_by_frame() -> (
+    None
+):
+    register()
+    engine = TrainingEngine(
+        EngineConfig(env=ENV_ID, workers=0, envs_per_worker=2, eval_interval=0),
+        LearnerConfig(learning_starts=32, batch_size=8, replay_capacity=4_000, device="cpu"),
+    )
+
+    with engine:
+        while engine.learner.updates < 8:
+            engine.poll()
+
+    replay = engine.learner.replay
+    assert not engine.frames and isinstance(replay, FrameReplay)
+    # Whole stacks in, each frame a neighbouring row shares stored once.
+    assert replay.frames_written < 3 * len(replay)

@@ -50,12 +50,13 @@ from fedrl.client.federation.federation_client import FederationClient
 from fedrl.client.federation.outbox import Entry, Outbox
 from fedrl.client.federation.server_link import ServerLink
 from fedrl.client.training.cnn import is_image
-from fedrl.client.training.experience_conversion import observation_dtype, to_experience
+from fedrl.client.training.experience_conversion import to_experience
 from fedrl.client.training.frame_replay import FrameReplay, chain_order, make_replay
 from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.mixed_replay import MixedReplay
 from fedrl.client.training.replay import PrioritizedReplay
 from fedrl.client.training.transitions import LearnerTransitions
+from fedrl.client.training.vector_env import observation_dtype
 from fedrl.common.chunking import DEFAULT_CHUNK_BYTES
 from fedrl.common.config_cli import doc
 from fedrl.proto.v1 import federation_pb2 as fpb

@@ -37,7 +37,13 @@ from fedrl.client.training.shm import (
     WeightsBoard,
 )
 from fedrl.client.training.transitions import LearnerTransitions
-from fedrl.client.training.vector_env import env_shape, make_vector_env, reset_seeded
+from fedrl.client.training.vector_env import (
+    as_observations,
+    env_shape,
+    make_vector_env,
+    observation_dtype,
+    reset_seeded,
+)
 
 # Slot fill messages: (slot, rows, episodes, env_steps), fixed size and far
 # below PIPE_BUF, so a write is atomic even if the actor is killed mid-send.
@@ -146,7 +152,11 @@ class ActorCore:
         self._net.eval()
         self._eps = np.asarray(spec.epsilons, dtype=np.float64)
         self._nstep = NStepAccumulator(
-            num_envs=spec.num_envs, obs_shape=self.obs_shape, n_step=spec.n_step, gamma=spec.gamma
+            num_envs=spec.num_envs,
+            obs_shape=self.obs_shape,
+            n_step=spec.n_step,
+            gamma=spec.gamma,
+            obs_dtype=observation_dtype(self.obs_shape),
         )
         self._obs = reset_seeded(self._env, env_seeds)
         self.weights_version = -1
@@ -172,7 +182,7 @@ class ActorCore:
             obs = self._obs
             action = self.act(obs)
             next_obs, reward, terminated, truncated, _ = self._env.step(action)
-            next_obs = np.asarray(next_obs, dtype=np.float32)
+            next_obs = as_observations(next_obs)
             batch, stats = self._nstep.push(
                 obs=obs,
                 action=action,

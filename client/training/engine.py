@@ -46,7 +46,6 @@ from fedrl.client.training.actor import (
     parse_fill,
     slot_capacity,
 )
-from fedrl.client.training.cnn import is_image
 from fedrl.client.training.evaluation import EvalResult, Evaluator
 from fedrl.client.training.frame_actor import FrameActorCore, FrameActorSpec
 from fedrl.client.training.frame_segment import FrameSegment
@@ -69,8 +68,9 @@ from fedrl.client.training.shm import (
     WeightsBoard,
 )
 from fedrl.client.training.transitions import LearnerTransitions
-from fedrl.client.training.vector_env import env_shape, make_vector_env
+from fedrl.client.training.vector_env import env_shape, make_vector_env, observation_dtype
 from fedrl.common.config_cli import doc
+from fedrl.envs.atari import is_atari
 
 
 def available_cores() -> int:
@@ -153,15 +153,13 @@ class EngineConfig:
     )
     clip_rewards: bool = field(
         default=True,
-        metadata=doc(
-            "Games (image observations): train on the sign of each reward; scores stay raw."
-        ),
+        metadata=doc("Atari games: train on the sign of each reward; scores stay raw."),
     )
     episodic_life: bool = field(
         default=True,
         metadata=doc(
-            "Games, DQN: a lost life cuts the n-step return as an episode's end would; the "
-            "game, its frames and its score go on."
+            "Atari games, DQN: a lost life cuts the n-step return as an episode's end would; "
+            "the game, its frames and its score go on."
         ),
     )
 
@@ -258,8 +256,10 @@ class TrainingEngine:
             probe.close()
         self.env_shape = shape
         self.obs_shape, self.n_actions = shape.obs_shape, shape.n_actions
-        # DQN on frame stacks: actors hand over single frames, the replay keeps each once.
-        self.frames = not on_policy and is_image(self.obs_shape)
+        # DQN on Atari's frame stacks: actors hand over single frames, the replay keeps
+        # each once. (Other image envs send whole observations, whose frames the replay
+        # still stores once where consecutive rows share them.)
+        self.frames = not on_policy and is_atari(config.env)
         self.learner: Learner | PPOLearner
         if isinstance(learner_config, PPOConfig):
             if replay is not None:
@@ -398,6 +398,7 @@ class TrainingEngine:
                 rows_per_slot=rows,
                 episodes_per_slot=episodes,
                 obs_shape=self.obs_shape,
+                obs_dtype=np.dtype(observation_dtype(self.obs_shape)).name,
             )
         return layout
 
@@ -425,7 +426,7 @@ class TrainingEngine:
                 steps_per_slot=self.learner.config.rollout_steps,
                 hidden=self.learner.config.ppo_hidden,
                 network=self._network,
-                clip_rewards=c.clip_rewards and is_image(self.obs_shape),
+                clip_rewards=c.clip_rewards and is_atari(c.env),
             )
         learner = self.learner.config
         spec = make_actor_spec(

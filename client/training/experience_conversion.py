@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedrl.client.training.cnn import is_image
 from fedrl.client.training.transitions import LearnerTransitions
+from fedrl.client.training.vector_env import observation_dtype
 from fedrl.common.experience import ExperienceBatch
 
 
@@ -49,8 +49,3 @@ def to_transitions(batch: ExperienceBatch) -> LearnerTransitions:
         # Terminated rows bootstrap from nothing, whatever the sender wrote.
         discount=np.where(batch.terminated, 0.0, batch.discount).astype(np.float32),
     )
-
-
-def observation_dtype(obs_shape: tuple[int, ...]) -> type[np.generic]:
-    """The dtype the learner keeps observations of `obs_shape` in: uint8 for images."""
-    return np.uint8 if is_image(obs_shape) else np.float32

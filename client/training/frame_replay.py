@@ -216,14 +216,16 @@ class FrameReplay:
     def add_transitions(self, batch: LearnerTransitions, *, foreign: bool = False) -> np.ndarray:
         """`add`, returning the entries of the transitions stored, in the batch's order.
 
-        Rows in each env's order of steps share the most; any order is stored exactly.
+        The rows are stored in chains of consecutive stacks (`chain_order`),
+        wherever they came from in the batch; any rows are stored exactly.
         """
         batch.validate(self.obs_shape, obs_dtype=np.dtype(np.uint8))
         rows = len(batch)
         if rows == 0:
             return np.zeros(0, dtype=np.int64)
         k = self._stack
-        obs, next_obs = batch.obs, batch.next_obs
+        order = chain_order(batch.obs)
+        obs, next_obs = batch.obs[order], batch.next_obs[order]
         # A row continues the previous one when its stack is that one's shifted by one frame.
         cont = np.zeros(rows, dtype=np.bool_)
         for i in range(1, rows):
@@ -304,13 +306,16 @@ class FrameReplay:
         stored = self._store(
             slots[obs_entry],
             slots[next_entry],
-            batch.action,
-            batch.reward,
-            batch.discount,
+            batch.action[order],
+            batch.reward[order],
+            batch.discount[order],
             foreign=foreign,
         )
         self._expire()
-        return stored
+        # Every link of these stacks was written just now: all are stored.
+        in_batch_order = np.empty_like(stored)
+        in_batch_order[order] = stored
+        return in_batch_order
 
     def _grow_streams(self, count: int) -> None:
         if count > len(self._stream_steps):

@@ -65,12 +65,14 @@ class RingLayout:
     rows_per_slot: int
     episodes_per_slot: int
     obs_shape: tuple[int, ...]
+    obs_dtype: str = "float32"
+    """float32, or uint8 for images."""
 
     def _fields(self) -> list[FieldSpec]:
         r, e = self.rows_per_slot, self.episodes_per_slot
         return [
-            ("obs", (r, *self.obs_shape), np.dtype(np.float32)),
-            ("next_obs", (r, *self.obs_shape), np.dtype(np.float32)),
+            ("obs", (r, *self.obs_shape), np.dtype(self.obs_dtype)),
+            ("next_obs", (r, *self.obs_shape), np.dtype(self.obs_dtype)),
             ("action", (r,), np.dtype(np.int64)),
             ("reward", (r,), np.dtype(np.float32)),
             ("discount", (r,), np.dtype(np.float32)),

@@ -133,6 +133,11 @@ def reset_seeded(env: gym.vector.VectorEnv, seeds: np.random.SeedSequence) -> np
     return as_observations(obs)
 
 
+def observation_dtype(obs_shape: tuple[int, ...]) -> type[np.generic]:
+    """The dtype observations of `obs_shape` are kept in: uint8 for images, else float32."""
+    return np.uint8 if is_image(obs_shape) else np.float32
+
+
 def as_observations(obs: Any) -> npt.NDArray[Any]:
     """A batch of observations as the networks and buffers take it: uint8 images stay uint8
     (a quarter of float32's bytes; the CNN scales them on its device), anything else
