@@ -220,7 +220,7 @@ class Recommendation:
         collection = f"--workers {self.workers} --envs-per-worker {self.envs_per_worker}"
         if self.rollout_steps is not None:
             return (
-                f"fedrl-client{env} --algo ppo {collection} --rollout-steps {self.rollout_steps} "
+                f"fedrl-client --algo ppo{env} {collection} --rollout-steps {self.rollout_steps} "
                 f"--minibatch-size {self.batch_size} --device {self.device}"
             )
         capacity = (
