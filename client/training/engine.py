@@ -388,6 +388,7 @@ class TrainingEngine:
                 obs_shape=self.obs_shape,
                 action_shape=self.learner.action_shape,
                 obs_dtype=self.learner.obs_dtype.name,
+                frame_stacks=is_atari(self.config.env),
             )
         else:
             rows, episodes = slot_capacity(
