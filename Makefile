@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip
 	$(PIP) torch==2.13.0
-	$(PIP) -e '.[dev,plot,export]'
+	$(PIP) -e '.[dev,plot,export,atari,video]'
 	touch $(STAMP)
 
 # The dashboard's browser test drives Debian's headless Chromium through its

@@ -23,6 +23,7 @@ from fedrl.client.commands.cli import main as client_main
 from fedrl.client.commands.config import TrainConfig
 from fedrl.client.commands.export import ExportConfig, export_command
 from fedrl.client.commands.plot import PlotConfig, plot_command
+from fedrl.client.commands.record import RecordConfig, record_command
 from fedrl.client.commands.system_check import CheckConfig, check_command
 from fedrl.common.config_cli import doc, section, takes_config
 from fedrl.server.cli import (
@@ -167,6 +168,7 @@ COMMANDS: dict[str, tuple[click.Command, type, set[tuple[str, str]]]] = {
     "fedrl-client plot": (plot_command, PlotConfig, set()),
     "fedrl-client check": (check_command, CheckConfig, {("tls", "token_file")}),
     "fedrl-client export": (export_command, ExportConfig, set()),
+    "fedrl-client record": (record_command, RecordConfig, set()),
     "fedrl-client backtest": (
         backtest,
         BacktestConfig,

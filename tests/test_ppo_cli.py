@@ -113,7 +113,7 @@ def test_ppo_configs_exchange_no_experience_and_take_device_and_amp_from_the_lea
 
     assert config.effective_share == "weights"
     assert ppo.device == config.learner.device and ppo.amp == "auto"  # type: ignore[union-attr]
-    assert config.architecture == "ppo/mlp-64x64"
+    assert config.architecture() == "ppo/mlp-64x64"
 
 
 def test_dqn_on_box_actions_says_to_use_ppo(tmp_path: Path) -> None:

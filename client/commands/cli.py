@@ -21,8 +21,10 @@ from click.core import ParameterSource
 from fedrl.client.commands.backtest import backtest
 from fedrl.client.commands.config import TrainConfig, check_algorithm_options
 from fedrl.client.commands.export import export_command
+from fedrl.client.commands.game_defaults import describe, with_game_defaults
 from fedrl.client.commands.plot import plot_command
 from fedrl.client.commands.progress import ProgressReporter, TrainingProgress, mean_epsilon
+from fedrl.client.commands.record import record_command
 from fedrl.client.commands.state_dir import Autosaver, ModelIdentity, StateDir, StateError
 from fedrl.client.commands.system_check import check_command
 from fedrl.client.commands.training_events import TrainingEvents, tensorboard_dir
@@ -32,6 +34,8 @@ from fedrl.client.federation.federation_client import FederationClient
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.sync_loop import SyncLoop
 from fedrl.client.training.engine import Counters, PollResult, TrainingEngine
+from fedrl.client.training.learner import Learner
+from fedrl.client.training.memory import memory_use
 from fedrl.common.config_cli import config_options, refuse_options_before_a_command, takes_config
 from fedrl.common.identity import validate_participant_id
 from fedrl.common.status_table import render_status
@@ -58,17 +62,18 @@ def main(ctx: click.Context, /, config: TrainConfig) -> None:
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    given = {
+        option.name
+        for option in config_options(TrainConfig)
+        if ctx.get_parameter_source(option.name)
+        in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    }
     try:
-        check_algorithm_options(
-            config,
-            {
-                option.name
-                for option in config_options(TrainConfig)
-                if ctx.get_parameter_source(option.name)
-                in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
-            },
-        )
+        check_algorithm_options(config, given)
         check_bundle_identity(config)
+        config, settings = with_game_defaults(config, given)
+        if settings and config.episodes:
+            click.echo(f"game settings for {config.engine.env}: {describe(settings)}", err=True)
         if config.episodes == 0:
             if config.offline:
                 raise click.UsageError("--episodes 0 shows the session's status: drop --offline")
@@ -89,14 +94,11 @@ def train_offline(config: TrainConfig) -> Counters:
 
     Ctrl-C or SIGTERM stops at the next round and saves everything first.
     """
-    identity = ModelIdentity(
-        env=config.engine.env,
-        architecture=config.architecture,
-    )
-    state = open_state_dir(config, identity)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     engine = TrainingEngine(config.engine, config.learner_config, network=config.network)
+    state = open_state_dir(config, engine)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
+        echo_memory(engine)
         autosave = Autosaver(
             state,
             engine,
@@ -155,20 +157,17 @@ def train_federated(config: TrainConfig) -> Counters:
     state dir as it was. Ctrl-C or SIGTERM stops at the next round, pushes
     and saves. At the end the session's status table is printed.
     """
-    identity = ModelIdentity(
-        env=config.engine.env,
-        architecture=config.architecture,
-    )
-    state = open_state_dir(config, identity)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     engine = TrainingEngine(
         config.engine,
         config.learner_config,
         network=config.network,
         learn=config.role == "learner",
     )
+    state = open_state_dir(config, engine)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     sync: SyncLoop | None = None
     try:
+        echo_memory(engine)
         autosave = Autosaver(
             state,
             engine,
@@ -177,7 +176,10 @@ def train_federated(config: TrainConfig) -> Counters:
         )
         autosave.resume()
         spec = model_spec(
-            config.engine.env, engine.weights(), identity.architecture, data=config.engine.data
+            config.engine.env,
+            engine.weights(),
+            state.identity.architecture,
+            data=config.engine.data,
         )
         sync = SyncLoop(
             engine,
@@ -254,11 +256,37 @@ def train_federated(config: TrainConfig) -> Counters:
         signal.signal(signal.SIGTERM, previous)
 
 
-def open_state_dir(config: TrainConfig, identity: ModelIdentity) -> StateDir:
-    """The participant's state dir; its metrics also go to TensorBoard unless --tensorboard off."""
-    logdir = tensorboard_dir(config.tensorboard, config.state_dir, config.participant_id)
-    events = None if logdir is None else TrainingEvents(logdir, epsilon=_epsilon(config))
-    return StateDir(config.state_dir, config.participant_id, identity, events=events)
+def open_state_dir(config: TrainConfig, engine: TrainingEngine) -> StateDir:
+    """The participant's state dir, for the model the engine builds (closing the engine if the
+    id is refused); its metrics also go to TensorBoard unless --tensorboard off."""
+    identity = ModelIdentity(
+        env=config.engine.env, architecture=config.architecture(engine.obs_shape)
+    )
+    try:
+        logdir = tensorboard_dir(config.tensorboard, config.state_dir, config.participant_id)
+        events = None if logdir is None else TrainingEvents(logdir, epsilon=_epsilon(config))
+        return StateDir(config.state_dir, config.participant_id, identity, events=events)
+    except BaseException:
+        engine.close()
+        raise
+
+
+def echo_memory(engine: TrainingEngine) -> None:
+    """One line at start: what the replay and the shared-memory slots take, and what is free."""
+    workers = engine.config.workers
+    in_process = workers == 0 or (engine.on_policy and workers == 1)
+    layout = None if in_process else engine.ring_layout(workers)
+    slots = 0 if layout is None else layout.num_slots * layout.slot_bytes
+    if isinstance(engine.learner, Learner):
+        use = memory_use(
+            engine.learner.replay.nbytes,
+            engine.learner.config.replay_capacity,
+            engine.obs_shape,
+            slots,
+        )
+        click.echo(use.describe(), err=True)
+    elif slots:
+        click.echo(f"memory: shared-memory rollout slots {slots / 1e6:.1f} MB", err=True)
 
 
 def print_status(config: TrainConfig) -> None:
@@ -358,3 +386,4 @@ main.add_command(plot_command)
 main.add_command(check_command)
 main.add_command(export_command)
 main.add_command(backtest)
+main.add_command(record_command)

@@ -195,12 +195,13 @@ class TrainConfig:
             self.ppo, device=self.learner.device, amp="auto" if self.learner.amp else "off"
         )
 
-    @property
-    def architecture(self) -> str:
-        """The model's family and shape, e.g. "dqn/dueling-mlp-256x256" or "ppo/mlp-64x64"."""
+    def architecture(self, obs_shape: tuple[int, ...] = ()) -> str:
+        """The model's family and shape for observations of `obs_shape`, e.g.
+        "dqn/dueling-mlp-256x256", "ppo/mlp-64x64" or, for Atari's frame stacks,
+        "dqn/dueling-cnn-nature"."""
         if self.algo == "ppo":
-            return ppo_architecture_name(self.ppo.ppo_hidden, self.network)
-        return architecture_name(self.learner.hidden, self.learner.dueling, self.network)
+            return ppo_architecture_name(self.ppo.ppo_hidden, self.network, obs_shape)
+        return architecture_name(self.learner.hidden, self.learner.dueling, self.network, obs_shape)
 
     @property
     def effective_share(self) -> Share:
@@ -214,6 +215,7 @@ DQN_ONLY = (
     "target_at_adoption",
     *EXCHANGE_FIELDS,
     "n_step",
+    "episodic_life",
     "exploration_base",
     "exploration_alpha",
     "replay_ratio",
@@ -247,7 +249,13 @@ def check_algorithm_options(config: TrainConfig, given: Set[str]) -> None:
         if named:
             refuse_for_ppo(named)
     else:
-        named = [f.name for f in dataclasses.fields(PPOConfig) if f.name in given]
+        # --seed, --device and --amp are the engine's and the learner's, not PPO's own.
+        shared = ("seed", "device", "amp")
+        named = [
+            f.name
+            for f in dataclasses.fields(PPOConfig)
+            if f.name in given and f.name not in shared
+        ]
         if named:
             flags = ", ".join("--" + name.replace("_", "-") for name in named)
             raise ValueError(f"{flags} set PPO's learner: add --algo ppo, or drop them")

@@ -26,11 +26,17 @@ How the numbers become settings:
 - rollout length (PPO): steps per env so that one update learns from two
   minibatches' worth of samples across all actors' envs, as the defaults do
   (16 envs × 32 steps = 2 × 256).
+- replay capacity (DQN on games): the most frames, up to 1M, whose replay
+  takes at most half of the memory available now (fedrl.client.training.memory);
+  each frame is kept once, about one per transition. Games are probed with
+  their own settings (fedrl.client.commands.game_defaults), e.g. one update
+  per 4 env steps.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -53,9 +59,12 @@ import psutil
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from fedrl.client.commands.game_defaults import GAME_ENGINE
 from fedrl.client.federation.channel import ConnectionSecurity, is_loopback_target
+from fedrl.client.training.cnn import is_image
 from fedrl.client.training.engine import EngineConfig, available_cores
 from fedrl.client.training.learner import Learner, LearnerConfig
+from fedrl.client.training.memory import available_bytes, fitting_capacity, replay_bytes
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.policy_network import ActorCritic, build_actor_critic
 from fedrl.client.training.ppo_learner import PPOConfig, PPOLearner
@@ -65,6 +74,7 @@ from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.client.training.vector_env import EnvShape, env_shape, make_vector_env
 from fedrl.common.config_cli import doc, section, takes_config
 from fedrl.common.tls import ParticipantBundle
+from fedrl.envs.atari import is_atari
 
 ENV_WIDTHS = (1, 4, 16, 64)
 BATCH_SIZES = (32, 64, 128, 256)
@@ -200,15 +210,26 @@ class Recommendation:
     reasons: tuple[str, ...]
     rollout_steps: int | None = None
     """PPO only: steps per env and rollout."""
+    replay_capacity: int | None = None
+    """DQN on games: frames the replay holds."""
+    env: str = ""
+    """The env the recommendation is for, named in the command where it is not the default."""
 
     def command(self) -> str:
+        env = f" --env {self.env}" if self.env and self.env != EngineConfig().env else ""
         collection = f"--workers {self.workers} --envs-per-worker {self.envs_per_worker}"
         if self.rollout_steps is not None:
             return (
-                f"fedrl-client --algo ppo {collection} --rollout-steps {self.rollout_steps} "
+                f"fedrl-client --algo ppo{env} {collection} --rollout-steps {self.rollout_steps} "
                 f"--minibatch-size {self.batch_size} --device {self.device}"
             )
-        return f"fedrl-client {collection} --batch-size {self.batch_size} --device {self.device}"
+        capacity = (
+            f" --replay-capacity {self.replay_capacity}" if self.replay_capacity is not None else ""
+        )
+        return (
+            f"fedrl-client{env} {collection} --batch-size {self.batch_size}{capacity} "
+            f"--device {self.device}"
+        )
 
 
 @dataclass(frozen=True)
@@ -546,15 +567,17 @@ def probe_updates(
                 hidden=hidden,
                 device=device,
                 learning_starts=rows,
-                replay_capacity=rows,
+                # Frame stacks: one frame per row and the chain's first stack.
+                replay_capacity=rows + obs_shape[0],
             ),
         )
+        obs, next_obs = _observations(rng, rows, obs_shape)
         learner.add(
             LearnerTransitions(
-                obs=rng.standard_normal((rows, *obs_shape)).astype(np.float32),
+                obs=obs,
                 action=rng.integers(n_actions, size=rows),
                 reward=rng.standard_normal(rows).astype(np.float32),
-                next_obs=rng.standard_normal((rows, *obs_shape)).astype(np.float32),
+                next_obs=next_obs,
                 discount=np.full(rows, 0.97, dtype=np.float32),
             )
         )
@@ -565,6 +588,23 @@ def probe_updates(
 
         out.append(UpdateProbe(device, batch_size, _timed(train, seconds)))
     return out
+
+
+def _observations(
+    rng: np.random.Generator, rows: int, obs_shape: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Random observations and their successors, as the learner stores them: float32 vectors,
+    or uint8 frame stacks that follow each other as a game's do."""
+    if not is_image(obs_shape):
+        return (
+            rng.standard_normal((rows, *obs_shape)).astype(np.float32),
+            rng.standard_normal((rows, *obs_shape)).astype(np.float32),
+        )
+    k = obs_shape[0]
+    frames = rng.integers(0, 256, (rows + k, *obs_shape[1:]), dtype=np.uint8)
+    windows = np.lib.stride_tricks.sliding_window_view(frames, k, axis=0)
+    stacks = np.ascontiguousarray(np.moveaxis(windows, -1, 1))  # [rows + 1, k, H, W]
+    return stacks[:rows], stacks[1:]
 
 
 def probe_ppo_updates(
@@ -593,8 +633,9 @@ def probe_ppo_updates(
             if shape.discrete
             else rng.standard_normal((steps, envs, shape.action_dim)).astype(np.float32)
         )
+        obs, _ = _observations(rng, steps * envs, shape.obs_shape)
         rollout = Rollout(
-            obs=rng.standard_normal((steps, envs, *shape.obs_shape)).astype(np.float32),
+            obs=obs.reshape(steps, envs, *shape.obs_shape),
             action=action,
             log_prob=np.full((steps, envs), -0.7, dtype=np.float32),
             value=rng.standard_normal((steps + 1, envs)).astype(np.float32),
@@ -766,6 +807,23 @@ def recommend_ppo(
     )
 
 
+def with_capacity(recommendation: Recommendation, obs_shape: tuple[int, ...]) -> Recommendation:
+    """The recommendation with the replay capacity that fits the memory available now."""
+    available = available_bytes()
+    capacity = fitting_capacity(obs_shape, available=available)
+    size = replay_bytes(capacity, obs_shape)
+    reason = (
+        f"replay capacity {capacity:,}: {size / 1e9:.1f} GB with each frame kept once, at most "
+        f"half of the {available / 1e9:.1f} GB available (up to the 1M transitions of the "
+        "Nature DQN)"
+    )
+    return dataclasses.replace(
+        recommendation,
+        replay_capacity=capacity,
+        reasons=(*recommendation.reasons, reason),
+    )
+
+
 def run_check(config: CheckConfig, *, echo: Callable[[str], None] = lambda _: None) -> Report:
     """Facts, the server check and the probe; `echo` hears what is being measured."""
     start = time.perf_counter()
@@ -844,11 +902,15 @@ def run_check(config: CheckConfig, *, echo: Callable[[str], None] = lambda _: No
             )
         except ProbeError as exc:
             problems.append(f"parallel actor probe: {exc}; workers recommended without it")
-    recommendation = (
-        recommend_ppo(cores, widths, workers, updates)
-        if ppo
-        else recommend(cores, widths, workers, updates, replay_ratio=EngineConfig().replay_ratio)
-    )
+    game = is_atari(config.env)
+    if ppo:
+        recommendation = recommend_ppo(cores, widths, workers, updates)
+    else:
+        ratio = GAME_ENGINE["replay_ratio"] if game else EngineConfig().replay_ratio
+        recommendation = recommend(cores, widths, workers, updates, replay_ratio=ratio)
+        if is_image(shape.obs_shape):
+            recommendation = with_capacity(recommendation, shape.obs_shape)
+    recommendation = dataclasses.replace(recommendation, env=config.env)
     return Report(
         machine=machine,
         server=server,

@@ -11,7 +11,9 @@ Per sync (`ExperienceSync` holds these steps for the sync loop):
    a foreign replay holds duplicates. Rows keep their arrival order, so each
    next_obs comes back a few rows later as an obs and the batch takes about
    half the bytes of a random sample (measured on CartPole: 16 against 31
-   bytes per transition);
+   bytes per transition); frame stacks go in chains of each env's steps,
+   each sharing three frames with the row before (Breakout: 42 bytes per
+   transition of 56 KB raw, bench/atari_memory.py);
 2. the network thread, in a task of its own on the server link (so a slow
    transfer never holds an update back), sends the queued entries and pulls
    up to `pull_transitions` of other participants' transitions after the
@@ -58,9 +60,12 @@ from fedrl.client.federation.experience_cursor import CursorFile
 from fedrl.client.federation.federation_client import FederationClient
 from fedrl.client.federation.outbox import Entry, Outbox
 from fedrl.client.federation.server_link import ServerLink
+from fedrl.client.training.cnn import is_image
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.experience_conversion import to_experience, to_transitions
+from fedrl.client.training.frame_replay import chain_order
 from fedrl.client.training.transitions import LearnerTransitions
+from fedrl.client.training.vector_env import observation_dtype
 from fedrl.common.chunking import DEFAULT_CHUNK_BYTES
 from fedrl.common.config_cli import doc
 from fedrl.proto.v1 import federation_pb2 as fpb
@@ -115,11 +120,12 @@ class UnsentTransitions:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self._obs_shape = tuple(obs_shape)
+        obs_dtype = observation_dtype(self._obs_shape)
         self._columns: dict[str, np.ndarray] = {
-            "obs": np.zeros((capacity, *obs_shape), dtype=np.float32),
+            "obs": np.zeros((capacity, *obs_shape), dtype=obs_dtype),
             "action": np.zeros(capacity, dtype=np.int64),
             "reward": np.zeros(capacity, dtype=np.float32),
-            "next_obs": np.zeros((capacity, *obs_shape), dtype=np.float32),
+            "next_obs": np.zeros((capacity, *obs_shape), dtype=obs_dtype),
             "discount": np.zeros(capacity, dtype=np.float32),
         }
         self._capacity = capacity
@@ -131,7 +137,7 @@ class UnsentTransitions:
 
     def add(self, batch: LearnerTransitions) -> None:
         """Append a (validated) batch, overwriting the oldest unsent rows once full."""
-        batch.validate(self._obs_shape)
+        batch.validate(self._obs_shape, self._columns["obs"].dtype)
         skip = max(0, len(batch) - self._capacity)
         slots = (self._next + skip + np.arange(len(batch) - skip)) % self._capacity
         for name, column in self._columns.items():
@@ -140,10 +146,17 @@ class UnsentTransitions:
         self._size = min(self._capacity, self._size + len(batch))
 
     def take(self) -> LearnerTransitions | None:
-        """Every unsent row in arrival order, now counted as sent; None if there is none."""
+        """Every unsent row, now counted as sent; None if there is none.
+
+        Rows come in arrival order; frame stacks in chains of each env's
+        consecutive steps (frame_replay.chain_order), which compress and
+        store best.
+        """
         if self._size == 0:
             return None
         slots = (self._next - self._size + np.arange(self._size)) % self._capacity
+        if is_image(self._obs_shape):
+            slots = slots[chain_order(self._columns["obs"][slots])]
         self._size = 0
         return LearnerTransitions(**{name: column[slots] for name, column in self._columns.items()})
 

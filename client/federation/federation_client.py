@@ -259,8 +259,9 @@ class FederationClient:
         With `have`, the server may send the difference from that version,
         which is added onto it here. Float32 is the default even for deltas:
         a rounded delta would make the local copy drift from the global.
+        No join is needed: watching a session's model (`fedrl-client record`)
+        is not taking part in it.
         """
-        self._require_join("pull")
         request = pb.PullModelRequest(
             session=self.session,
             participant_id=self.participant_id,
@@ -364,7 +365,9 @@ class FederationClient:
                 if not message.HasField("header"):
                     raise DecodeError("model stream does not start with its ModelHeader")
                 header = message.header
-                if header.spec_hash != self._spec_hash:
+                # A client that joined takes only its session's model; one that only
+                # watches (no join) takes the session's, whatever its spec.
+                if self._spec_hash and header.spec_hash != self._spec_hash:
                     raise DecodeError(
                         f"model of spec {header.spec_hash[:12]} in a session of spec "
                         f"{self._spec_hash[:12]}"

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import gymnasium as gym
 import numpy as np
 
+from fedrl.client.training.cnn import is_image
 from fedrl.client.training.vector_env import env_shape, make_vector_env
 from fedrl.proto.v1 import tensor_pb2 as tpb
 
@@ -50,14 +51,21 @@ def model_spec(
             for name, array in weights
         ],
         env_id=env_id,
-        observation_space=tpb.SpaceSpec(
-            kind=tpb.SPACE_KIND_BOX,
-            shape=list(observation.shape),
-            # The engine feeds observations to the network as float32 whatever the env's dtype.
-            dtype=tpb.DTYPE_FLOAT32,
-            low=[float(v) for v in np.ravel(observation.low)],
-            high=[float(v) for v in np.ravel(observation.high)],
-        ),
+        observation_space=observation_spec(observation),
         action_space=action,
         algorithm=algorithm,
+    )
+
+
+def observation_spec(observation: gym.spaces.Box) -> tpb.SpaceSpec:
+    """The spec of what the engine feeds the network: float32, or uint8 for images (frame
+    stacks), whose bounds are their dtype's and so go unsaid (28k of them for Atari)."""
+    image = observation.dtype == np.uint8 and is_image(observation.shape)
+    full_range = image and bool(np.all(observation.low == 0) and np.all(observation.high == 255))
+    return tpb.SpaceSpec(
+        kind=tpb.SPACE_KIND_BOX,
+        shape=list(observation.shape),
+        dtype=tpb.DTYPE_UINT8 if image else tpb.DTYPE_FLOAT32,
+        low=[] if full_range else [float(v) for v in np.ravel(observation.low)],
+        high=[] if full_range else [float(v) for v in np.ravel(observation.high)],
     )

@@ -20,7 +20,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from fedrl.client.training.exploration import actor_epsilons
+from fedrl.client.training.exploration import actor_epsilons, epsilon_greedy
+from fedrl.client.training.frame_actor import FrameActorCore, FrameActorSpec
+from fedrl.client.training.frame_slots import FrameLayout
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.nstep import NStepAccumulator
 from fedrl.client.training.ppo_actor import PPOActorCore, PPOActorSpec
@@ -35,7 +37,13 @@ from fedrl.client.training.shm import (
     WeightsBoard,
 )
 from fedrl.client.training.transitions import LearnerTransitions
-from fedrl.client.training.vector_env import env_shape, make_vector_env, reset_seeded
+from fedrl.client.training.vector_env import (
+    as_observations,
+    env_shape,
+    make_vector_env,
+    observation_dtype,
+    reset_seeded,
+)
 
 # Slot fill messages: (slot, rows, episodes, env_steps), fixed size and far
 # below PIPE_BUF, so a write is atomic even if the actor is killed mid-send.
@@ -144,7 +152,11 @@ class ActorCore:
         self._net.eval()
         self._eps = np.asarray(spec.epsilons, dtype=np.float64)
         self._nstep = NStepAccumulator(
-            num_envs=spec.num_envs, obs_shape=self.obs_shape, n_step=spec.n_step, gamma=spec.gamma
+            num_envs=spec.num_envs,
+            obs_shape=self.obs_shape,
+            n_step=spec.n_step,
+            gamma=spec.gamma,
+            obs_dtype=observation_dtype(self.obs_shape),
         )
         self._obs = reset_seeded(self._env, env_seeds)
         self.weights_version = -1
@@ -159,9 +171,7 @@ class ActorCore:
         """ε-greedy with each env's own ε, from one batched forward pass."""
         with torch.inference_mode():
             greedy = self._net(torch.from_numpy(obs)).argmax(dim=1).numpy()
-        explore = self._rng.random(len(obs)) < self._eps
-        random_actions = self._rng.integers(self.n_actions, size=len(obs))
-        return np.where(explore, random_actions, greedy).astype(np.int64)
+        return epsilon_greedy(greedy, self._eps, self.n_actions, self._rng)
 
     def collect(self, vector_steps: int) -> Collected:
         batches: list[LearnerTransitions] = []
@@ -172,7 +182,7 @@ class ActorCore:
             obs = self._obs
             action = self.act(obs)
             next_obs, reward, terminated, truncated, _ = self._env.step(action)
-            next_obs = np.asarray(next_obs, dtype=np.float32)
+            next_obs = as_observations(next_obs)
             batch, stats = self._nstep.push(
                 obs=obs,
                 action=action,
@@ -218,9 +228,9 @@ def slot_capacity(num_envs: int, steps_per_slot: int, n_step: int) -> tuple[int,
 
 def actor_process(
     *,
-    spec: ActorSpec | PPOActorSpec,
+    spec: ActorSpec | PPOActorSpec | FrameActorSpec,
     ring_name: str,
-    ring_layout: RingLayout | RolloutLayout,
+    ring_layout: RingLayout | RolloutLayout | FrameLayout,
     board_name: str,
     board_layout: BoardLayout,
     free_slots: Connection,
@@ -237,7 +247,13 @@ def actor_process(
     parent = os.getppid()
     ring: SlotRing[Any] = SlotRing(ring_layout, name=ring_name)
     board = WeightsBoard(board_layout, name=board_name)
-    core = ActorCore(spec) if isinstance(spec, ActorSpec) else PPOActorCore(spec)
+    core: ActorCore | PPOActorCore | FrameActorCore
+    if isinstance(spec, FrameActorSpec):
+        core = FrameActorCore(spec)
+    elif isinstance(spec, ActorSpec):
+        core = ActorCore(spec)
+    else:
+        core = PPOActorCore(spec)
     try:
         while not board.stop_requested:
             slot = _next_free_slot(free_slots, board, parent)

@@ -5,13 +5,15 @@ hold named tensors and nothing that runs. Every network fedrl builds can be
 read back from those names and shapes: the algorithm from the heads (DQN's
 `head`/`value`+`advantage`, PPO's `policy.`/`value.`), the torso from its
 layers (an MLP's `N.weight`, a transformer's `embed`, `position` and
-`blocks.N`; the transformer's head count follows from its width), and the
+`blocks.N`; the transformer's head count follows from its width; the Nature
+CNN's `convs.N` and `fc`), and the
 action space from the output (a Gaussian policy has `log_std`). So export,
 backtest and plot need no separate record of how a model was configured.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 from torch import nn
 
+from fedrl.client.training.cnn import CONV_LAYERS, conv_output_size, is_image, smallest_input
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.obs_window import windowed_shape
 from fedrl.client.training.policy_network import build_actor_critic
@@ -53,6 +56,9 @@ class Architecture:
     """Discrete actions; 0 for a Gaussian policy over Box actions."""
     action_dim: int
     """Box actions' dimensions; 0 for Discrete."""
+    image_shape: tuple[int, ...] = ()
+    """The CNN's input [C, H, W] (the smallest H and W that fit its layers); () for other
+    torsos."""
 
     @property
     def window(self) -> int:
@@ -62,7 +68,7 @@ class Architecture:
     def input_shape(self, obs_shape: tuple[int, ...] | None = None) -> tuple[int, ...]:
         """The network's input per sample for the env's `obs_shape`: the observation, or its
         window; without an env, what the tensors say."""
-        observation = obs_shape if obs_shape is not None else (self.obs_dim,)
+        observation = obs_shape if obs_shape is not None else (self.image_shape or (self.obs_dim,))
         return windowed_shape(observation, self.window) if self.window else observation
 
     def fits(self, shape: EnvShape) -> str | None:
@@ -72,6 +78,8 @@ class Architecture:
                 f"the env has {_actions(shape.n_actions, shape.action_dim)}, "
                 f"the network {_actions(self.n_actions, self.action_dim)}"
             )
+        if self.image_shape:
+            return _image_fits(self.image_shape, shape.obs_shape)
         observation = shape.obs_shape[1:] if self.window else shape.obs_shape
         # A window's last feature is its step flag.
         features = int(np.prod(observation)) - (1 if self.window else 0)
@@ -81,6 +89,17 @@ class Architecture:
                 f"the env's observations have {features}"
             )
         return None
+
+
+def _image_fits(image: tuple[int, ...], obs_shape: tuple[int, ...]) -> str | None:
+    """Why a CNN made for `image` cannot read observations of `obs_shape`, or None."""
+    if not is_image(obs_shape):
+        return f"the network reads images of shape {image}, the env's observations are {obs_shape}"
+    if obs_shape[0] != image[0] or tuple(map(conv_output_size, obs_shape[1:])) != tuple(
+        map(conv_output_size, image[1:])
+    ):
+        return f"the network reads images of shape {image}, the env's are {obs_shape}"
+    return None
 
 
 def _actions(n_actions: int, action_dim: int) -> str:
@@ -93,7 +112,12 @@ def infer_architecture(tensors: NamedArrays | Mapping[str, Any]) -> Architecture
     shapes = {name: tuple(int(d) for d in array.shape) for name, array in items}
     ppo = "policy.head.weight" in shapes
     torso = "policy.torso." if ppo else "torso."
-    network, hidden, obs_dim = _torso(shapes, torso)
+    image = _image_input(shapes, torso)
+    hidden: tuple[int, ...]
+    if image:
+        network, hidden, obs_dim = NetworkConfig(), (), int(np.prod(image))
+    else:
+        network, hidden, obs_dim = _torso(shapes, torso)
     if ppo:
         out = shapes["policy.head.weight"][0]
         box = "log_std" in shapes
@@ -105,6 +129,7 @@ def infer_architecture(tensors: NamedArrays | Mapping[str, Any]) -> Architecture
             obs_dim=obs_dim,
             n_actions=0 if box else out,
             action_dim=out if box else 0,
+            image_shape=image,
         )
     dueling = "advantage.weight" in shapes and "value.weight" in shapes
     head = shapes.get("advantage.weight" if dueling else "head.weight")
@@ -118,7 +143,27 @@ def infer_architecture(tensors: NamedArrays | Mapping[str, Any]) -> Architecture
         obs_dim=obs_dim,
         n_actions=head[0],
         action_dim=0,
+        image_shape=image,
     )
+
+
+def _image_input(shapes: dict[str, tuple[int, ...]], prefix: str) -> tuple[int, ...]:
+    """The input [C, H, W] of a Nature CNN torso under `prefix`; () if the torso is not one.
+
+    The channels are the first filter's; H and W the smallest that give the
+    last convolution's output, which the fully connected layer's width says
+    (square, as every Atari stack is: 84×84 for the Nature CNN's 7×7).
+    """
+    first = shapes.get(prefix + "convs.0.weight")
+    fc = shapes.get(prefix + "fc.weight")
+    if first is None or fc is None:
+        return ()
+    if len(first) != 4 or len(fc) != 2:
+        raise ArchitectureError(_not_ours(shapes))
+    side = math.isqrt(fc[1] // CONV_LAYERS[-1][0])
+    if side < 1 or side * side * CONV_LAYERS[-1][0] != fc[1]:
+        raise ArchitectureError(f"a CNN torso whose fully connected layer reads {fc[1]} features")
+    return (first[1], smallest_input(side), smallest_input(side))
 
 
 def _torso(

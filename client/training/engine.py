@@ -47,6 +47,9 @@ from fedrl.client.training.actor import (
     slot_capacity,
 )
 from fedrl.client.training.evaluation import EvalResult, Evaluator, Scorer, greedy_policy
+from fedrl.client.training.frame_actor import FrameActorCore, FrameActorSpec
+from fedrl.client.training.frame_segment import FrameSegment
+from fedrl.client.training.frame_slots import FrameLayout, FrameSlot
 from fedrl.client.training.learner import Learner, LearnerConfig, TargetAtAdoption
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.ppo_actor import PPOActorCore, PPOActorSpec
@@ -63,8 +66,9 @@ from fedrl.client.training.shm import (
     WeightsBoard,
 )
 from fedrl.client.training.transitions import LearnerTransitions
-from fedrl.client.training.vector_env import env_shape, make_vector_env
+from fedrl.client.training.vector_env import env_shape, make_vector_env, observation_dtype
 from fedrl.common.config_cli import doc
+from fedrl.envs.atari import is_atari
 
 
 def available_cores() -> int:
@@ -145,6 +149,17 @@ class EngineConfig:
         default=0,
         metadata=doc("Root of every seed stream: actors, envs, evaluation and the learner."),
     )
+    clip_rewards: bool = field(
+        default=True,
+        metadata=doc("Atari games: train on the sign of each reward; scores stay raw."),
+    )
+    episodic_life: bool = field(
+        default=True,
+        metadata=doc(
+            "Atari games, DQN: a lost life cuts the n-step return as an episode's end would; "
+            "the game, its frames and its score go on."
+        ),
+    )
 
     def __post_init__(self) -> None:
         at_least = {
@@ -200,7 +215,7 @@ class PollResult:
 
 @dataclass
 class _ActorHandle:
-    spec: ActorSpec | PPOActorSpec
+    spec: ActorSpec | PPOActorSpec | FrameActorSpec
     process: BaseProcess
     free_slots: Connection
     filled_slots: Connection
@@ -242,6 +257,10 @@ class TrainingEngine:
         if not learn and on_policy:
             raise ValueError("PPO learns from its own rollouts: it has no acting-only role")
         self.learns = learn
+        # DQN on Atari's frame stacks: actors hand over single frames, the replay keeps
+        # each once. (Other image envs send whole observations, whose frames the replay
+        # still stores once where consecutive rows share them.)
+        self.frames = not on_policy and is_atari(config.env)
         self.learner: Learner | PPOLearner
         if isinstance(learner_config, PPOConfig):
             self.learner = PPOLearner(
@@ -288,7 +307,7 @@ class TrainingEngine:
         self._foreign_credit = 0.0
         """Local-step equivalents of the foreign transitions taken in (add_foreign)."""
         self._foreign_credit_when_ready = 0.0
-        self._serial: ActorCore | PPOActorCore | None = None
+        self._serial: ActorCore | PPOActorCore | FrameActorCore | None = None
         self._actors: list[_ActorHandle] = []
         self._ring: SlotRing[Any] | None = None
         self._board: WeightsBoard | None = None
@@ -325,7 +344,12 @@ class TrainingEngine:
         # a spawn and a copy through shared memory.
         if workers == 0 or (self.on_policy and workers == 1):
             spec = self._actor_spec(0, num_actors=1, generation=0)
-            self._serial = ActorCore(spec) if isinstance(spec, ActorSpec) else PPOActorCore(spec)
+            if isinstance(spec, FrameActorSpec):
+                self._serial = FrameActorCore(spec)
+            elif isinstance(spec, ActorSpec):
+                self._serial = ActorCore(spec)
+            else:
+                self._serial = PPOActorCore(spec)
             self._serial.load_weights(self.learner.weights(), 0)
             return
         try:
@@ -336,14 +360,35 @@ class TrainingEngine:
 
     def _start_processes(self, workers: int) -> None:
         per_actor = self._slots_per_actor
-        layout: RingLayout | RolloutLayout
-        if isinstance(self.learner, PPOLearner):
+        self._ring = SlotRing(self.ring_layout(workers))
+        weights = self.learner.weights()
+        self._board = WeightsBoard(BoardLayout.of(weights))
+        self._board.publish(weights)
+        for index in range(workers):
+            slots = range(index * per_actor, (index + 1) * per_actor)
+            self._actors.append(self._spawn(index, slots, generation=0))
+
+    def ring_layout(self, workers: int) -> RingLayout | RolloutLayout | FrameLayout:
+        """The shared-memory slots `workers` actor processes fill (what start() allocates)."""
+        per_actor = self._slots_per_actor
+        layout: RingLayout | RolloutLayout | FrameLayout
+        if self.frames:
+            layout = FrameLayout(
+                num_slots=workers * per_actor,
+                steps=self.config.steps_per_slot,
+                envs=self.config.envs_per_worker,
+                frame_shape=self.obs_shape[1:],
+                n_step=self.config.n_step,
+            )
+        elif isinstance(self.learner, PPOLearner):
             layout = RolloutLayout(
                 num_slots=workers,
                 steps=self.learner.config.rollout_steps,
                 envs=self.config.envs_per_worker,
                 obs_shape=self.obs_shape,
                 action_shape=self.learner.action_shape,
+                obs_dtype=self.learner.obs_dtype.name,
+                frame_stacks=is_atari(self.config.env),
             )
         else:
             rows, episodes = slot_capacity(
@@ -354,14 +399,9 @@ class TrainingEngine:
                 rows_per_slot=rows,
                 episodes_per_slot=episodes,
                 obs_shape=self.obs_shape,
+                obs_dtype=np.dtype(observation_dtype(self.obs_shape)).name,
             )
-        self._ring = SlotRing(layout)
-        weights = self.learner.weights()
-        self._board = WeightsBoard(BoardLayout.of(weights))
-        self._board.publish(weights)
-        for index in range(workers):
-            slots = range(index * per_actor, (index + 1) * per_actor)
-            self._actors.append(self._spawn(index, slots, generation=0))
+        return layout
 
     @property
     def _slots_per_actor(self) -> int:
@@ -371,7 +411,7 @@ class TrainingEngine:
 
     def _actor_spec(
         self, index: int, *, num_actors: int, generation: int
-    ) -> ActorSpec | PPOActorSpec:
+    ) -> ActorSpec | PPOActorSpec | FrameActorSpec:
         c = self.config
         if isinstance(self.learner, PPOLearner):
             entropy = self._actor_seed_root.entropy
@@ -387,9 +427,10 @@ class TrainingEngine:
                 steps_per_slot=self.learner.config.rollout_steps,
                 hidden=self.learner.config.ppo_hidden,
                 network=self._network,
+                clip_rewards=c.clip_rewards and is_atari(c.env),
             )
         learner = self.learner.config
-        return make_actor_spec(
+        spec = make_actor_spec(
             index,
             num_actors=num_actors,
             generation=generation,
@@ -406,6 +447,11 @@ class TrainingEngine:
             steps_per_slot=c.steps_per_slot,
             network=self._network,
         )
+        if self.frames:
+            return FrameActorSpec(
+                actor=spec, clip_rewards=c.clip_rewards, episodic_life=c.episodic_life
+            )
+        return spec
 
     def _spawn(self, index: int, slots: range, *, generation: int) -> _ActorHandle:
         assert self._ring is not None and self._board is not None
@@ -521,6 +567,11 @@ class TrainingEngine:
         if isinstance(self._serial, ActorCore):
             got = self._serial.collect(self.config.steps_per_slot)
             self._take(got.batch, got.env_steps, got.episode_returns, got.episode_lengths)
+        elif isinstance(self._serial, FrameActorCore):
+            frames = self._serial.collect(self.config.steps_per_slot)
+            self._take_frames(
+                0, frames.segment, frames.env_steps, frames.episode_returns, frames.episode_lengths
+            )
         elif owed <= 0:
             for actor, fill in self._receive(timeout_s):
                 self._take_fill(actor, fill)
@@ -604,6 +655,12 @@ class TrainingEngine:
         """Copy an announced slot out; DQN hands it straight back, PPO holds it for the update."""
         assert self._ring is not None
         slot = self._ring.slots[fill.slot]
+        if isinstance(slot, FrameSlot):
+            segment, returns, lengths = slot.read(fill)
+            with contextlib.suppress(OSError):
+                actor.free_slots.send_bytes(SLOT_FORMAT.pack(fill.slot))
+            self._take_frames(actor.spec.index, segment, fill.env_steps, returns, lengths)
+            return
         if isinstance(slot, TransitionSlot):
             batch, returns, lengths = slot.read(fill)
             with contextlib.suppress(OSError):
@@ -615,6 +672,23 @@ class TrainingEngine:
             raise ActorFailureError(f"actor {actor.spec.index} sent two rollouts for one update")
         self._rollouts[actor.spec.index] = (fill.slot, rollout)
         self._count(fill.env_steps, returns, lengths)
+
+    def _take_frames(
+        self,
+        actor_index: int,
+        segment: FrameSegment,
+        env_steps: int,
+        episode_returns: npt.NDArray[np.float64],
+        episode_lengths: npt.NDArray[np.int64],
+    ) -> None:
+        """An actor's frames into the replay: its env j is stream index·E + j there."""
+        assert isinstance(self.learner, Learner)
+        streams = actor_index * segment.envs + np.arange(segment.envs)
+        stored = self.learner.add_frames(streams, segment, rebuild=bool(self._batch_hooks))
+        if stored is not None and len(stored):
+            for hook in self._batch_hooks:
+                hook(stored)
+        self._count(env_steps, episode_returns, episode_lengths)
 
     def _count(
         self,

@@ -14,7 +14,7 @@ from torch import nn
 
 from fedrl.client.training.policy_network import ActorCritic
 from fedrl.client.training.q_network import load_named_arrays
-from fedrl.client.training.vector_env import make_vector_env, reset_seeded
+from fedrl.client.training.vector_env import as_observations, make_vector_env, reset_seeded
 
 QValues = Callable[[npt.NDArray[np.float32]], npt.NDArray[np.float32]]
 Act = Callable[[npt.NDArray[np.float32]], npt.NDArray[np.generic]]
@@ -83,7 +83,7 @@ class Evaluator:
             running &= ~(np.asarray(terminated) | np.asarray(truncated))
             if not running.any():
                 break
-            obs = np.asarray(next_obs, dtype=np.float32)
+            obs = as_observations(next_obs)
         return EvalResult(
             returns=tuple(float(r) for r in total), seconds=time.perf_counter() - start
         )

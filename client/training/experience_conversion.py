@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedrl.client.training.transitions import LearnerTransitions
+from fedrl.client.training.vector_env import observation_dtype
 from fedrl.common.experience import ExperienceBatch
 
 
@@ -38,12 +39,13 @@ def to_experience(
 
 
 def to_transitions(batch: ExperienceBatch) -> LearnerTransitions:
-    """A pulled batch as learner columns (float32 observations, int64 actions)."""
+    """A pulled batch as learner columns (float32 observations, uint8 images, int64 actions)."""
+    obs_dtype = observation_dtype(batch.obs.shape[1:])
     return LearnerTransitions(
-        obs=batch.obs.astype(np.float32, copy=False),
+        obs=batch.obs.astype(obs_dtype, copy=False),
         action=batch.action.astype(np.int64, copy=False),
         reward=batch.reward.astype(np.float32, copy=False),
-        next_obs=batch.next_obs.astype(np.float32, copy=False),
+        next_obs=batch.next_obs.astype(obs_dtype, copy=False),
         # Terminated rows bootstrap from nothing, whatever the sender wrote.
         discount=np.where(batch.terminated, 0.0, batch.discount).astype(np.float32),
     )

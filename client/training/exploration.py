@@ -39,3 +39,15 @@ def actor_epsilons(
         raise ValueError(f"actor index {actor_index} outside 0..{num_actors - 1}")
     all_eps = apex_epsilons(num_actors * envs_per_actor, base=base, alpha=alpha)
     return all_eps[actor_index::num_actors].copy()
+
+
+def epsilon_greedy(
+    greedy: npt.NDArray[np.int64],
+    epsilons: npt.NDArray[np.float64],
+    n_actions: int,
+    rng: np.random.Generator,
+) -> npt.NDArray[np.int64]:
+    """Each env's greedy action, replaced by a uniformly random one with that env's ε."""
+    explore = rng.random(len(greedy)) < epsilons
+    random_actions = rng.integers(n_actions, size=len(greedy))
+    return np.where(explore, random_actions, greedy).astype(np.int64)

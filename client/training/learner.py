@@ -17,6 +17,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedrl.client.training.cnn import is_image
+from fedrl.client.training.frame_replay import FrameStore, make_replay
+from fedrl.client.training.frame_segment import FrameSegment
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.q_network import (
     DEFAULT_NETWORK,
@@ -24,7 +27,7 @@ from fedrl.client.training.q_network import (
     load_named_arrays,
     named_arrays,
 )
-from fedrl.client.training.replay import PrioritizedReplay, Replay, SampledBatch
+from fedrl.client.training.replay import Replay, SampledBatch
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.config_cli import doc
 
@@ -269,6 +272,8 @@ class Learner:
         config.hidden by default, or the causal transformer."""
         self.config = config
         self.obs_shape = tuple(obs_shape)
+        # Images stay uint8 up to the network, which scales them on the device.
+        self.obs_dtype = np.dtype(np.uint8 if is_image(self.obs_shape) else np.float32)
         self.n_actions = n_actions
         self.device = resolve_device(config.device)
         self._cuda = self.device.type == "cuda"
@@ -295,7 +300,7 @@ class Learner:
         # Injectable so experience exchange can mix foreign transitions in.
         # (`replay or ...` would not do: an empty replay is falsy.)
         if replay is None:
-            replay = PrioritizedReplay(
+            replay = make_replay(
                 config.replay_capacity,
                 self.obs_shape,
                 prioritized=config.prioritized,
@@ -313,12 +318,30 @@ class Learner:
 
     def add(self, batch: LearnerTransitions, *, foreign: bool = False) -> None:
         """Store transitions (checked: shapes, dtypes, finite values, action range)."""
-        batch.validate(self.obs_shape)
+        batch.validate(self.obs_shape, self.obs_dtype)
         if len(batch) and batch.action.max() >= self.n_actions:
             raise ValueError(
                 f"action {batch.action.max()} out of range for {self.n_actions} actions"
             )
         self.replay.add(batch, foreign=foreign)
+
+    def add_frames(
+        self, streams: np.ndarray, segment: FrameSegment, *, rebuild: bool = False
+    ) -> LearnerTransitions | None:
+        """Store a frame actor's segment (checked as `add` checks transitions).
+
+        With `rebuild`, returns the transitions stored, stacks and all, ordered
+        by stream and step (for experience exchange); else None.
+        """
+        if not isinstance(self.replay, FrameStore):
+            raise TypeError("frame segments need a replay that keeps frames (a FrameReplay)")
+        segment.validate(self.obs_shape[1:])
+        if len(segment) and segment.action.max() >= self.n_actions:
+            raise ValueError(
+                f"action {segment.action.max()} out of range for {self.n_actions} actions"
+            )
+        slots = self.replay.add_frames(streams, segment)
+        return self.replay.transitions(slots) if rebuild else None
 
     def ready(self) -> bool:
         """Whether the replay holds enough transitions to start training."""

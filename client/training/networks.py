@@ -5,9 +5,10 @@ on one torso, the actor-critic a policy head and a value head on one torso
 each. A torso maps a FLAT observation batch [B, prod(obs_shape)] to features
 [B, width], so the heads and the code around them never look at the
 observation's layout. `build_torso` is where an observation kind picks its
-torso: the MLP for flat vectors (the default), the causal transformer over
-the last k observations (`--policy transformer`), and, for image
-observations, a convolutional torso when one is added.
+torso: the MLP for flat vectors (the default), the Nature CNN for image
+observations (fedrl.client.training.cnn; chosen by the observations' shape,
+whatever the policy setting says for flat ones), and the causal transformer
+over the last k observations (`--policy transformer`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Literal
 
 from torch import nn
 
+from fedrl.client.training.cnn import FEATURES, NatureCNN, is_image
 from fedrl.client.training.transformer import HEAD_WIDTH, CausalTransformer
 from fedrl.common.config_cli import doc
 
@@ -33,7 +35,8 @@ class NetworkConfig:
         default="mlp",
         metadata=doc(
             "Torso of every network: an MLP over the current observation, or a causal transformer "
-            "over the last --context observations of the episode."
+            "over the last --context observations of the episode. Image observations (Atari's "
+            "frame stacks) always get the Nature CNN."
         ),
     )
     context: int = field(
@@ -73,17 +76,25 @@ class NetworkConfig:
         """Observations per network input: k for the transformer, 0 (no window) for the MLP."""
         return self.context if self.policy == "transformer" else 0
 
-    def describe(self, hidden: tuple[int, ...]) -> str:
-        """The torso's part of an architecture name, e.g. "mlp-64x64" or "transformer-k16-l2-w64".
+    def describe(self, hidden: tuple[int, ...], obs_shape: tuple[int, ...] = ()) -> str:
+        """The torso's part of an architecture name, e.g. "mlp-64x64", "transformer-k16-l2-w64",
+        or "cnn-nature" for image observations of `obs_shape`.
 
         Architecture names go into the model spec's hash: two participants whose
         torsos differ in shape must never share a session.
         """
+        if is_image(obs_shape):
+            return "cnn-nature"
         if self.policy == "transformer":
             return (
                 f"transformer-k{self.context}-l{self.transformer_layers}-w{self.transformer_width}"
             )
         return f"mlp-{'x'.join(str(h) for h in hidden) or 'linear'}"
+
+
+def is_mlp(network: NetworkConfig, obs_shape: tuple[int, ...]) -> bool:
+    """Whether `build_torso` makes an MLP for these observations (light: one per head in PPO)."""
+    return network.policy == "mlp" and not is_image(obs_shape)
 
 
 def build_torso(
@@ -96,10 +107,17 @@ def build_torso(
     """A fresh torso for observations of `obs_shape`, and the width of its features.
 
     For the transformer, `obs_shape` is the window's (context, features + 1):
-    see fedrl.client.training.obs_window.
+    see fedrl.client.training.obs_window. Images get the Nature CNN.
     """
     if not obs_shape or any(d <= 0 for d in obs_shape):
         raise ValueError(f"obs_shape must be a non-empty tuple of positive sizes, got {obs_shape}")
+    if is_image(obs_shape):
+        if network.policy == "transformer":
+            raise ValueError(
+                f"observations of shape {obs_shape} are images, which the Nature CNN reads; "
+                "drop --policy transformer"
+            )
+        return NatureCNN(obs_shape), FEATURES
     if network.policy == "transformer":
         expected = network.context
         if len(obs_shape) != 2 or obs_shape[0] != expected or obs_shape[1] < 2:

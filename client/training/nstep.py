@@ -19,6 +19,7 @@ a flush.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -51,15 +52,23 @@ class NStepAccumulator:
     """
 
     def __init__(
-        self, *, num_envs: int, obs_shape: tuple[int, ...], n_step: int, gamma: float
+        self,
+        *,
+        num_envs: int,
+        obs_shape: tuple[int, ...],
+        n_step: int,
+        gamma: float,
+        obs_dtype: type[np.generic] = np.float32,
     ) -> None:
+        """`obs_dtype`: float32 observations, uint8 images, or int64 step numbers standing for
+        frames kept elsewhere (fedrl.client.training.frame_actor)."""
         if n_step < 1:
             raise ValueError(f"n_step must be >= 1, got {n_step}")
         if not 0.0 <= gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {gamma}")
         self._n = n_step
         self._gamma_pow = (gamma ** np.arange(n_step + 1)).astype(np.float32)
-        self._obs = np.zeros((n_step, num_envs, *obs_shape), dtype=np.float32)
+        self._obs = np.zeros((n_step, num_envs, *obs_shape), dtype=obs_dtype)
         self._action = np.zeros((n_step, num_envs), dtype=np.int64)
         self._ret = np.zeros((n_step, num_envs), dtype=np.float32)
         self._age = np.zeros((n_step, num_envs), dtype=np.int64)
@@ -74,17 +83,20 @@ class NStepAccumulator:
     def push(
         self,
         *,
-        obs: FloatArray,
+        obs: npt.NDArray[Any],
         action: npt.NDArray[np.int64],
         reward: npt.NDArray[np.floating],
-        next_obs: FloatArray,
+        next_obs: npt.NDArray[Any],
         terminated: BoolArray,
         truncated: BoolArray,
+        continues: BoolArray | None = None,
     ) -> tuple[LearnerTransitions, StepStats]:
         """Add one vector step; returns the rows it completed and the episodes it ended.
 
         `obs` is what the actions were chosen on, `next_obs` what `step`
         returned (the final observation for envs that just ended).
+        `continues`: envs whose termination cuts the return but not the env,
+        which steps on without a reset (a game's lost life, as an episode).
         """
         valid = ~self._resetting
         done = (terminated | truncated) & valid
@@ -115,7 +127,7 @@ class NStepAccumulator:
             obs=self._obs[slots, envs],
             action=self._action[slots, envs],
             reward=self._ret[slots, envs].copy(),
-            next_obs=np.ascontiguousarray(next_obs[envs], dtype=np.float32),
+            next_obs=np.ascontiguousarray(next_obs[envs], dtype=self._obs.dtype),
             discount=discount.astype(np.float32),
         )
         self._live[emit] = False
@@ -131,7 +143,7 @@ class NStepAccumulator:
         self._episode_return[done] = 0.0
         self._episode_length[done] = 0
 
-        self._resetting = done
+        self._resetting = done if continues is None else done & ~continues
         self._t += 1
         return batch, stats
 

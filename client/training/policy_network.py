@@ -23,7 +23,7 @@ import math
 import torch
 from torch import nn
 
-from fedrl.client.training.networks import NetworkConfig, build_torso
+from fedrl.client.training.networks import NetworkConfig, build_torso, is_mlp
 from fedrl.client.training.vector_env import EnvShape
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -166,9 +166,10 @@ def build_actor_critic(
     MLP torsos are one per head; any other torso is shared by both heads.
     """
     torsos: list[nn.Module] = []
-    for _ in range(2 if network.policy == "mlp" else 1):
+    mlp = is_mlp(network, obs_shape)
+    for _ in range(2 if mlp else 1):
         torso, width = build_torso(obs_shape, hidden=hidden, activation="tanh", network=network)
-        if network.policy == "mlp":
+        if mlp:
             # Orthogonal weights with gain √2 and zero biases: the initialisation
             # of the PPO paper's code, which measurably helps small MLPs.
             for layer in torso.modules():
@@ -180,6 +181,8 @@ def build_actor_critic(
     return ActorCritic(torsos[0], value_torso, width, shape, log_std_init=log_std_init)
 
 
-def ppo_architecture_name(hidden: tuple[int, ...], network: NetworkConfig) -> str:
+def ppo_architecture_name(
+    hidden: tuple[int, ...], network: NetworkConfig, obs_shape: tuple[int, ...] = ()
+) -> str:
     """The ModelSpec.algorithm string of an actor-critic, e.g. "ppo/mlp-64x64"."""
-    return f"ppo/{network.describe(hidden)}"
+    return f"ppo/{network.describe(hidden, obs_shape)}"

@@ -22,7 +22,12 @@ from fedrl.client.training.policy_network import build_actor_critic
 from fedrl.client.training.q_network import load_named_arrays
 from fedrl.client.training.rollout import Rollout, RolloutRecorder
 from fedrl.client.training.shm import RolloutSlot
-from fedrl.client.training.vector_env import env_shape, make_vector_env, reset_seeded
+from fedrl.client.training.vector_env import (
+    as_observations,
+    env_shape,
+    make_vector_env,
+    reset_seeded,
+)
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,8 @@ class PPOActorSpec:
     """Vector steps per rollout."""
     hidden: tuple[int, ...]
     network: NetworkConfig
+    clip_rewards: bool = False
+    """Learn from the sign of each reward (games); episode returns stay the raw score."""
 
 
 @dataclass(frozen=True)
@@ -73,13 +80,14 @@ class PPOActorCore:
         ).eval()
         self._low = np.asarray(self.shape.action_low, dtype=np.float32)
         self._high = np.asarray(self.shape.action_high, dtype=np.float32)
+        self._obs = reset_seeded(self._env, env_seeds)
         self._recorder = RolloutRecorder(
             num_envs=spec.num_envs,
             obs_shape=self.obs_shape,
             action_shape=self.action_shape,
             steps=spec.steps_per_slot,
+            obs_dtype=self._obs.dtype.type,
         )
-        self._obs = reset_seeded(self._env, env_seeds)
         self.weights_version = -1
 
     def load_weights(
@@ -103,13 +111,21 @@ class PPOActorCore:
                 chosen = action.numpy()
                 to_env = chosen if self.shape.discrete else np.clip(chosen, self._low, self._high)
                 next_obs, reward, terminated, truncated, _ = self._env.step(to_env)
+                score = np.asarray(reward, dtype=np.float64)
                 stats = self._recorder.add(
-                    obs, chosen, log_prob.numpy(), value.numpy(), reward, terminated, truncated
+                    obs,
+                    chosen,
+                    log_prob.numpy(),
+                    value.numpy(),
+                    np.sign(score) if self._spec.clip_rewards else score,
+                    terminated,
+                    truncated,
+                    score=score,
                 )
                 returns.append(stats.episode_returns)
                 lengths.append(stats.episode_lengths)
                 env_steps += stats.env_steps
-                self._obs = np.asarray(next_obs, dtype=np.float32)
+                self._obs = as_observations(next_obs)
             _, last_value = net(torch.from_numpy(self._obs))
         return CollectedRollout(
             rollout=self._recorder.finish(last_value.numpy()),

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedrl.client.training.cnn import is_image
 from fedrl.client.training.learner import resolve_device, to_cpu
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.policy_network import ActorCritic, build_actor_critic
@@ -266,6 +267,8 @@ class PPOLearner:
     ) -> None:
         self.config = config
         self.obs_shape = tuple(obs_shape)
+        # Images stay uint8 up to the network, which scales them on the device.
+        self.obs_dtype = np.dtype(np.uint8 if is_image(self.obs_shape) else np.float32)
         self.shape = shape
         self.action_shape: tuple[int, ...] = () if shape.discrete else (shape.action_dim,)
         self.device = resolve_device(config.device)
@@ -307,7 +310,7 @@ class PPOLearner:
 
     def train(self, rollout: Rollout) -> dict[str, float]:
         """One PPO update: `epochs` passes of minibatch steps over the rollout's valid steps."""
-        rollout.validate(self.obs_shape, self.action_shape)
+        rollout.validate(self.obs_shape, self.action_shape, self.obs_dtype)
         if not rollout.valid.any():
             raise ValueError("the rollout holds no valid step to learn from")
         c = self.config

@@ -62,14 +62,17 @@ def build_q_network(
 
 
 def architecture_name(
-    hidden: tuple[int, ...], dueling: bool, network: NetworkConfig = DEFAULT_NETWORK
+    hidden: tuple[int, ...],
+    dueling: bool,
+    network: NetworkConfig = DEFAULT_NETWORK,
+    obs_shape: tuple[int, ...] = (),
 ) -> str:
     """The ModelSpec.algorithm string, e.g. "dqn/dueling-mlp-256x256".
 
     Two participants whose networks differ in shape must never share a session,
     and this name is part of the spec hash that enforces it.
     """
-    return f"dqn/{'dueling-' if dueling else ''}{network.describe(hidden)}"
+    return f"dqn/{'dueling-' if dueling else ''}{network.describe(hidden, obs_shape)}"
 
 
 def named_arrays(module: nn.Module) -> list[tuple[str, np.ndarray]]:

@@ -35,6 +35,11 @@ class Replay(Protocol):
 
     def update_priorities(self, indices: np.ndarray, td_abs: np.ndarray) -> None: ...
 
+    @property
+    def nbytes(self) -> int:
+        """Memory the replay holds."""
+        ...
+
 
 class SumTree:
     """A binary tree whose every node holds the sum of its two children.
@@ -55,6 +60,10 @@ class SumTree:
     @property
     def total(self) -> float:
         return float(self._nodes[1])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._nodes.nbytes)
 
     def get(self, slots: np.ndarray) -> np.ndarray:
         leaves: np.ndarray = self._nodes[slots + self._leaves]
@@ -145,6 +154,13 @@ class PrioritizedReplay:
 
     def __len__(self) -> int:
         return self._size
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the replay holds, all of it allocated up front."""
+        columns = (self._obs, self._next_obs, self._action, self._reward, self._discount)
+        tree = self._tree.nbytes if self._tree is not None else 0
+        return sum(c.nbytes for c in columns) + self._foreign.nbytes + tree
 
     def add(self, batch: LearnerTransitions, *, foreign: bool = False) -> None:
         """Append a batch, overwriting the oldest transitions once full."""

@@ -22,13 +22,15 @@ import numpy.typing as npt
 
 from fedrl.client.training.nstep import StepStats
 
+_FLOAT32 = np.dtype(np.float32)
+
 
 @dataclass(frozen=True)
 class Rollout:
     """T steps of E envs, time-major: what one PPO update learns from."""
 
     obs: np.ndarray
-    """float32 [T, E, *obs_shape]: what each action was chosen on."""
+    """float32 [T, E, *obs_shape] (uint8 for images): what each action was chosen on."""
     action: np.ndarray
     """int64 [T, E] (Discrete) or float32 [T, E, d] (Box, the unclipped sample)."""
     log_prob: np.ndarray
@@ -52,12 +54,17 @@ class Rollout:
     def envs(self) -> int:
         return int(self.reward.shape[1])
 
-    def validate(self, obs_shape: tuple[int, ...], action_shape: tuple[int, ...]) -> None:
+    def validate(
+        self,
+        obs_shape: tuple[int, ...],
+        action_shape: tuple[int, ...],
+        obs_dtype: np.dtype[np.generic] = _FLOAT32,
+    ) -> None:
         """Raise ValueError naming the first column whose dtype, shape or values are wrong."""
         t, e = self.steps, self.envs
         action_dtype = np.dtype(np.float32) if action_shape else np.dtype(np.int64)
         expected: tuple[tuple[str, np.dtype[np.generic], tuple[int, ...]], ...] = (
-            ("obs", np.dtype(np.float32), (t, e, *obs_shape)),
+            ("obs", obs_dtype, (t, e, *obs_shape)),
             ("action", action_dtype, (t, e, *action_shape)),
             ("log_prob", np.dtype(np.float32), (t, e)),
             ("value", np.dtype(np.float32), (t + 1, e)),
@@ -108,11 +115,14 @@ class RolloutRecorder:
         obs_shape: tuple[int, ...],
         action_shape: tuple[int, ...],
         steps: int,
+        obs_dtype: type[np.generic] = np.float32,
     ) -> None:
+        """`obs_dtype`: float32, or uint8 for images."""
         if steps < 1:
             raise ValueError(f"a rollout needs at least one step, got {steps}")
         self._envs, self._steps = num_envs, steps
         self._obs_shape, self._action_shape = obs_shape, action_shape
+        self._obs_dtype = obs_dtype
         self._resetting = np.zeros(num_envs, dtype=np.bool_)
         self._episode_return = np.zeros(num_envs, dtype=np.float64)
         self._episode_length = np.zeros(num_envs, dtype=np.int64)
@@ -122,7 +132,7 @@ class RolloutRecorder:
     def _allocate(self) -> dict[str, np.ndarray]:
         t, e = self._steps, self._envs
         return {
-            "obs": np.zeros((t, e, *self._obs_shape), dtype=np.float32),
+            "obs": np.zeros((t, e, *self._obs_shape), dtype=self._obs_dtype),
             "action": np.zeros(
                 (t, e, *self._action_shape),
                 dtype=np.float32 if self._action_shape else np.int64,
@@ -148,8 +158,13 @@ class RolloutRecorder:
         reward: np.ndarray,
         terminated: np.ndarray,
         truncated: np.ndarray,
+        score: np.ndarray | None = None,
     ) -> StepStats:
-        """Record one vector step: what was acted on, chosen and returned."""
+        """Record one vector step: what was acted on, chosen and returned.
+
+        `score`: what the episode returns add up where it is not the reward
+        learned from (a game's raw score, where the reward is clipped).
+        """
         if self.full:
             raise RuntimeError("the rollout is full: call finish() first")
         valid = ~self._resetting
@@ -168,7 +183,7 @@ class RolloutRecorder:
         self._t += 1
 
         done = terminated | truncated
-        self._episode_return += reward32
+        self._episode_return += reward32 if score is None else np.asarray(score) * valid
         self._episode_length += valid
         stats = StepStats(
             env_steps=int(valid.sum()),

@@ -1,8 +1,10 @@
 """Shared memory between actors and learner: a ring of slots and a weights board.
 
 A slot holds one actor's batch: n-step transitions for DQN (`RingLayout`,
-`TransitionSlot`) or one rollout for PPO (`RolloutLayout`, `RolloutSlot`);
-`SlotRing` is the segment either kind of slot lives in.
+`TransitionSlot`) or one rollout for PPO (`RolloutLayout`, `RolloutSlot`;
+Atari's frame stacks as single frames, fedrl.client.training.frame_stacks);
+`SlotRing` is the segment either kind of slot lives in (and DQN's frame
+slots, fedrl.client.training.frame_slots).
 
 Both are plain `multiprocessing.shared_memory` segments named with the
 `fedrl_` prefix, created by the learner process, which alone unlinks them.
@@ -25,6 +27,7 @@ from typing import Generic, Protocol, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from fedrl.client.training.frame_stacks import join_stacks, split_stacks
 from fedrl.client.training.rollout import Rollout
 from fedrl.client.training.transitions import LearnerTransitions
 
@@ -65,12 +68,14 @@ class RingLayout:
     rows_per_slot: int
     episodes_per_slot: int
     obs_shape: tuple[int, ...]
+    obs_dtype: str = "float32"
+    """float32, or uint8 for images."""
 
     def _fields(self) -> list[FieldSpec]:
         r, e = self.rows_per_slot, self.episodes_per_slot
         return [
-            ("obs", (r, *self.obs_shape), np.dtype(np.float32)),
-            ("next_obs", (r, *self.obs_shape), np.dtype(np.float32)),
+            ("obs", (r, *self.obs_shape), np.dtype(self.obs_dtype)),
+            ("next_obs", (r, *self.obs_shape), np.dtype(self.obs_dtype)),
             ("action", (r,), np.dtype(np.int64)),
             ("reward", (r,), np.dtype(np.float32)),
             ("discount", (r,), np.dtype(np.float32)),
@@ -156,6 +161,10 @@ class RolloutLayout:
     obs_shape: tuple[int, ...]
     action_shape: tuple[int, ...]
     """() for Discrete actions (int64), (d,) for Box actions (float32)."""
+    obs_dtype: str = "float32"
+    """float32, or uint8 for images."""
+    frame_stacks: bool = False
+    """Observations are Atari's frame stacks: held as single frames."""
 
     @property
     def episodes_per_slot(self) -> int:
@@ -166,8 +175,15 @@ class RolloutLayout:
     def _fields(self) -> list[FieldSpec]:
         t, e = self.steps, self.envs
         action_dtype = np.float32 if self.action_shape else np.int64
+        observations: list[FieldSpec] = [("obs", (t, e, *self.obs_shape), np.dtype(self.obs_dtype))]
+        if self.frame_stacks:
+            observations = [
+                ("frames", (t, e, *self.obs_shape[1:]), np.dtype(np.uint8)),
+                ("first", (e, *self.obs_shape), np.dtype(np.uint8)),
+                ("starts", (t, e), np.dtype(np.bool_)),
+            ]
         return [
-            ("obs", (t, e, *self.obs_shape), np.dtype(np.float32)),
+            *observations,
             ("action", (t, e, *self.action_shape), np.dtype(action_dtype)),
             ("log_prob", (t, e), np.dtype(np.float32)),
             ("value", (t + 1, e), np.dtype(np.float32)),
@@ -188,7 +204,6 @@ class RolloutLayout:
 
 
 _ROLLOUT_COLUMNS = (
-    "obs",
     "action",
     "log_prob",
     "value",
@@ -205,6 +220,7 @@ class RolloutSlot:
     def __init__(self, buf: memoryview, offset: int, layout: RolloutLayout) -> None:
         self.arrays = _views(buf, offset, layout._fields())
         self.episodes_capacity = layout.episodes_per_slot
+        self.frame_stacks = layout.frame_stacks
 
     def write(
         self,
@@ -215,8 +231,13 @@ class RolloutSlot:
         episodes = len(episode_returns)
         if episodes > self.episodes_capacity:
             raise ValueError(f"slot holds {self.episodes_capacity} episodes, got {episodes}")
-        for name in _ROLLOUT_COLUMNS:
-            target, column = self.arrays[name], getattr(rollout, name)
+        columns: dict[str, np.ndarray] = {"obs": rollout.obs}
+        if self.frame_stacks:
+            frames, first, starts = split_stacks(rollout.obs)
+            columns = {"frames": frames, "first": first, "starts": starts}
+        columns |= {name: getattr(rollout, name) for name in _ROLLOUT_COLUMNS}
+        for name, column in columns.items():
+            target = self.arrays[name]
             if target.shape != column.shape:
                 raise ValueError(
                     f"rollout {name} has shape {column.shape}, the slot {target.shape}"
@@ -232,7 +253,12 @@ class RolloutSlot:
         if not 0 <= fill.episodes <= self.episodes_capacity:
             raise ValueError(f"slot fill {fill} exceeds the slot's capacity")
         a = self.arrays
-        rollout = Rollout(**{name: a[name].copy() for name in _ROLLOUT_COLUMNS})
+        obs = (
+            join_stacks(a["frames"], a["first"], a["starts"])
+            if self.frame_stacks
+            else a["obs"].copy()
+        )
+        rollout = Rollout(obs=obs, **{name: a[name].copy() for name in _ROLLOUT_COLUMNS})
         returns = np.asarray(a["episode_return"][: fill.episodes], dtype=np.float64).copy()
         lengths = np.asarray(a["episode_length"][: fill.episodes], dtype=np.int64).copy()
         return rollout, returns, lengths

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+_FLOAT32 = np.dtype(np.float32)
+
 
 @dataclass(frozen=True)
 class LearnerTransitions:
@@ -25,31 +27,34 @@ class LearnerTransitions:
     """
 
     obs: np.ndarray
-    """float32 [B, *obs_shape]: the observation the action was taken in."""
+    """float32 [B, *obs_shape] (uint8 for images): the observation the action was taken in."""
     action: np.ndarray
     """int64 [B]: the action taken."""
     reward: np.ndarray
     """float32 [B]: sum of gamma**i * r_i over the k steps taken."""
     next_obs: np.ndarray
-    """float32 [B, *obs_shape]: the observation k steps later."""
+    """float32 [B, *obs_shape] (uint8 for images): the observation k steps later."""
     discount: np.ndarray
     """float32 [B]: gamma**k to bootstrap with; 0.0 if the episode terminated."""
 
     def __len__(self) -> int:
         return int(self.action.shape[0])
 
-    def validate(self, obs_shape: tuple[int, ...]) -> None:
+    def validate(
+        self, obs_shape: tuple[int, ...], obs_dtype: np.dtype[np.generic] = _FLOAT32
+    ) -> None:
         """Raise ValueError naming the first column whose dtype or shape is wrong.
 
         Checked once at the boundary (actor output, foreign experience) so the
-        replay can copy columns without looking at them again.
+        replay can copy columns without looking at them again. Observations
+        are float32, or uint8 images (`obs_dtype`).
         """
         size = len(self)
         expected: tuple[tuple[str, np.dtype[np.generic], tuple[int, ...]], ...] = (
-            ("obs", np.dtype(np.float32), (size, *obs_shape)),
+            ("obs", obs_dtype, (size, *obs_shape)),
             ("action", np.dtype(np.int64), (size,)),
             ("reward", np.dtype(np.float32), (size,)),
-            ("next_obs", np.dtype(np.float32), (size, *obs_shape)),
+            ("next_obs", obs_dtype, (size, *obs_shape)),
             ("discount", np.dtype(np.float32), (size,)),
         )
         for name, dtype, shape in expected:
@@ -75,7 +80,8 @@ class LearnerTransitions:
             raise ValueError("LearnerTransitions.discount must lie in [0, 1]")
         # One NaN in replay poisons every network trained from it, forever.
         for name in ("obs", "reward", "next_obs"):
-            if not np.all(np.isfinite(getattr(self, name))):
+            column = getattr(self, name)
+            if column.dtype.kind == "f" and not np.all(np.isfinite(column)):
                 raise ValueError(f"LearnerTransitions.{name} holds a NaN or infinite value")
 
     @staticmethod

@@ -12,7 +12,9 @@ import numpy.typing as npt
 # Registers fedrl's own envs (fedrl/Trading-v0) wherever envs are made: in the
 # learner's process, in spawned actors and in the evaluator alike.
 import fedrl.envs  # noqa: F401
+from fedrl.client.training.cnn import is_image
 from fedrl.client.training.obs_window import WindowedVectorEnv
+from fedrl.envs.atari import is_atari, is_atari_vector_env, make_atari_vector_env
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,12 @@ class EnvShape:
 
 
 def make_vector_env(
-    env_id: str, num_envs: int, data: str | None = None, *, window: int = 0
+    env_id: str,
+    num_envs: int,
+    data: str | None = None,
+    *,
+    window: int = 0,
+    render: bool = False,
 ) -> gym.vector.VectorEnv:
     """`num_envs` copies of `env_id` stepped as one batch, in this process.
 
@@ -52,15 +59,23 @@ def make_vector_env(
     e.g. OHLCV bars) is passed only when given: most envs take no such option.
     `window` > 0 makes each observation the env's last `window` observations
     (fedrl.client.training.obs_window), for the transformer policy.
+    Atari games (`ALE/...`) come preprocessed from ale-py's native vector env
+    (fedrl.envs.atari). `render`: `render()` gives each env's rgb_array frame.
     """
     if num_envs < 1:
         raise ValueError(f"need at least one env per batch, got {num_envs}")
+    if is_atari(env_id):
+        if data is not None or window:
+            raise ValueError(f"{env_id} takes no --data and no observation window")
+        return make_atari_vector_env(env_id, num_envs, render=render)
     try:
         spec = gym.spec(env_id)
     except gym.error.Error as exc:
         raise ValueError(f"unknown Gymnasium env id {env_id!r}: {exc}") from exc
-    mode = "vector_entry_point" if spec.vector_entry_point is not None else "sync"
+    mode = "vector_entry_point" if spec.vector_entry_point is not None and not render else "sync"
     options: dict[str, Any] = {} if data is None else {"data": data}
+    if render:
+        options["render_mode"] = "rgb_array"
     env: gym.vector.VectorEnv = gym.make_vec(
         env_id, num_envs=num_envs, vectorization_mode=mode, **options
     )
@@ -96,20 +111,38 @@ def env_shape(env: gym.vector.VectorEnv, *, continuous: bool = False) -> EnvShap
     raise ValueError(f"expected a Discrete or a one-dimensional Box action space; got {act_space}")
 
 
-def reset_seeded(
-    env: gym.vector.VectorEnv, seeds: np.random.SeedSequence
-) -> npt.NDArray[np.float32]:
+def reset_seeded(env: gym.vector.VectorEnv, seeds: np.random.SeedSequence) -> npt.NDArray[Any]:
     """Reset with seeds drawn from this env batch's own seed stream.
 
-    Sync/Async vector envs take one seed per env; native vector envs take one
-    seed for their single batched generator, whose draws differ per env.
-    Seeds come from a SeedSequence child, not `seed + i`, so that two actors
-    with neighbouring seeds never hand the same seed to two envs.
+    Sync/Async vector envs take one seed per env, and so does the ALE's
+    (an array; an int would seed its envs with consecutive numbers); other
+    native vector envs take one seed for their single batched generator,
+    whose draws differ per env. Seeds come from a SeedSequence child, not
+    `seed + i`, so that two actors with neighbouring seeds never hand the
+    same seed to two envs. Observations keep their dtype (`as_observations`).
     """
+    per_env = seeds.generate_state(env.num_envs, dtype=np.uint32)
     if isinstance(env.unwrapped, gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv):
-        per_env = seeds.generate_state(env.num_envs, dtype=np.uint32)
         # One seed per env: the wrapped Sync/AsyncVectorEnv takes a list.
         obs, _ = env.reset(seed=cast(Any, [int(s) for s in per_env]))
+    elif is_atari_vector_env(env):
+        # The ALE takes C ints: seeds below 2^31.
+        obs, _ = env.reset(seed=cast(Any, (per_env >> 1).astype(np.int64)))
     else:
         obs, _ = env.reset(seed=int(seeds.generate_state(1, dtype=np.uint32)[0]))
-    return np.asarray(obs, dtype=np.float32)
+    return as_observations(obs)
+
+
+def observation_dtype(obs_shape: tuple[int, ...]) -> type[np.generic]:
+    """The dtype observations of `obs_shape` are kept in: uint8 for images, else float32."""
+    return np.uint8 if is_image(obs_shape) else np.float32
+
+
+def as_observations(obs: Any) -> npt.NDArray[Any]:
+    """A batch of observations as the networks and buffers take it: uint8 images stay uint8
+    (a quarter of float32's bytes; the CNN scales them on its device), anything else
+    becomes float32."""
+    array = np.asarray(obs)
+    if array.dtype == np.uint8 and is_image(array.shape[1:]):
+        return array
+    return array.astype(np.float32, copy=False)

@@ -1,0 +1,92 @@
+"""Settings for games: what `--env ALE/<Game>-v5` changes unless the command line says otherwise.
+
+The training defaults are tuned on CartPole (fedrl.client.training.learner),
+and a Nature CNN on Atari wants others: the DQN settings of Mnih et al.
+(2015) with Adam at 1e-4 (Hessel et al. 2018 use 6.25e-5 with a larger
+budget), one update per 4 env steps, a replay filling half the memory
+available up to 1M transitions, and evaluations of whole games that stop a
+greedy policy stuck without serving (Breakout) after 4,500 steps; for PPO,
+the Atari settings of Schulman et al. (2017, table 5) as CleanRL runs them.
+An option given on the command line always wins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Set
+from typing import Any
+
+from fedrl.client.commands.config import TrainConfig
+from fedrl.client.training.memory import fitting_capacity
+from fedrl.envs.atari import FRAME_SIZE, FRAME_STACK, is_atari
+
+GAME_ENGINE: dict[str, Any] = {
+    "replay_ratio": 0.25,
+    "eval_interval": 25_000,
+    "eval_episodes": 8,
+    "eval_max_steps": 4_500,
+}
+"""EngineConfig fields for DQN on games."""
+GAME_LEARNER: dict[str, Any] = {
+    "lr": 1e-4,
+    "batch_size": 32,
+    "target_update_interval": 1_000,
+    "learning_starts": 10_000,
+    "beta_anneal_updates": 100_000,
+}
+"""LearnerConfig fields for DQN on games (the replay capacity comes from the memory)."""
+GAME_EXCHANGE: dict[str, Any] = {
+    "push_transitions": 1_024,
+    "pull_transitions": 1_024,
+}
+"""ExchangeConfig fields for DQN on games: a batch of 1,024 stacks is 58 MB of raw
+columns, under the server's 64 MiB limit per experience batch; the CartPole-sized
+default of 4,096 would be refused."""
+GAME_PPO_ENGINE: dict[str, Any] = {
+    "envs_per_worker": 8,
+    "eval_interval": 25_000,
+    "eval_episodes": 8,
+    "eval_max_steps": 4_500,
+}
+GAME_PPO: dict[str, Any] = {
+    "rollout_steps": 128,
+    "epochs": 4,
+    "minibatch_size": 256,
+    "ppo_lr": 2.5e-4,
+    "ppo_gamma": 0.99,
+    "gae_lambda": 0.95,
+    "clip_range": 0.1,
+    "entropy_coef": 0.01,
+}
+"""PPOConfig fields for games."""
+
+
+def with_game_defaults(config: TrainConfig, given: Set[str]) -> tuple[TrainConfig, dict[str, Any]]:
+    """The config with the game settings for every option not in `given`, and those settings.
+
+    Other envs get the config as it is and no settings.
+    """
+    if not is_atari(config.engine.env):
+        return config, {}
+    if config.algo == "ppo":
+        engine, learner, ppo, exchange = dict(GAME_PPO_ENGINE), {}, dict(GAME_PPO), {}
+    else:
+        obs_shape = (FRAME_STACK, FRAME_SIZE, FRAME_SIZE)
+        engine, ppo, exchange = dict(GAME_ENGINE), {}, dict(GAME_EXCHANGE)
+        learner = GAME_LEARNER | {"replay_capacity": fitting_capacity(obs_shape)}
+    engine, learner, ppo, exchange = (
+        {k: v for k, v in d.items() if k not in given} for d in (engine, learner, ppo, exchange)
+    )
+    changed = dataclasses.replace(
+        config,
+        engine=dataclasses.replace(config.engine, **engine),
+        learner=dataclasses.replace(config.learner, **learner),
+        ppo=dataclasses.replace(config.ppo, **ppo),
+        exchange=dataclasses.replace(config.exchange, **exchange),
+    )
+    return changed, engine | learner | ppo | exchange
+
+
+def describe(settings: dict[str, Any]) -> str:
+    """The settings as the options that would give them, e.g. "--lr 0.0001 --batch-size 32"."""
+    return " ".join(f"--{name.replace('_', '-')} {value}" for name, value in settings.items())
