@@ -22,6 +22,7 @@ import atexit
 import collections
 import contextlib
 import copy
+import dataclasses
 import math
 import multiprocessing as mp
 import os
@@ -46,7 +47,14 @@ from fedrl.client.training.actor import (
     parse_fill,
     slot_capacity,
 )
+from fedrl.client.training.distributed import RankGroup, RoundLedger, outcome_of
 from fedrl.client.training.evaluation import EvalResult, Evaluator
+from fedrl.client.training.hyperparameters import (
+    Hyperparameters,
+    actors_need_restart,
+    read_hyperparameters,
+    with_hyperparameters,
+)
 from fedrl.client.training.learner import Learner, LearnerConfig, TargetAtAdoption
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.policy_network import ActorCritic
@@ -208,6 +216,8 @@ class _ActorHandle:
     filled_slots: Connection
     slots: range
     restarts: int = 0
+    generation: int = 0
+    """Lives before this one (restarts and respawns with new hyperparameters): its seed stream."""
 
 
 class TrainingEngine:
@@ -221,14 +231,27 @@ class TrainingEngine:
         network: NetworkConfig = DEFAULT_NETWORK,
         recent_window: int = 100,
         replay: Callable[[LearnerConfig, tuple[int, ...]], Replay] | None = None,
+        ranks: RankGroup | None = None,
     ) -> None:
         """A PPOConfig trains PPO, a LearnerConfig DQN; `network` picks the torso of either.
 
         `replay` (DQN only) builds the learner's replay from its (seeded) config
         and the observation shape, e.g. `mixed_replay` for experience exchange;
-        None gives the default replay.
+        None gives the default replay. `ranks` makes this engine one learner
+        rank of several (fedrl.client.training.distributed): every poll then
+        starts with the ranks' exchange, counters are the sum over the ranks,
+        and only rank 0 evaluates.
         """
         self.config = config
+        self._ranks = ranks
+        # Counted here until the next exchange reports them to every rank.
+        self._ledger = RoundLedger() if ranks is not None else None
+        self._all_ready = False
+        self._stop_requested = False
+        self._stopping = False
+        # Rank 0 shares its learner's whole state at start, and again after
+        # anything but training changed it (resume, adoption, hyperparameters).
+        self._state_changed = True
         self._seeds = np.random.SeedSequence(config.seed)
         actor_seeds, eval_seed, learner_seed = self._seeds.spawn(3)
         self._actor_seed_root = actor_seeds
@@ -253,6 +276,7 @@ class TrainingEngine:
                 shape=shape,
                 config=replace(learner_config, seed=_seed_of(learner_seed)),
                 network=network,
+                gradients=ranks,
             )
         else:
             seeded = replace(learner_config, seed=_seed_of(learner_seed))
@@ -262,6 +286,7 @@ class TrainingEngine:
                 config=seeded,
                 replay=replay(seeded, self.obs_shape) if replay is not None else None,
                 network=network,
+                gradients=ranks,
             )
         self._batch_hooks: list[Callable[[LearnerTransitions], None]] = []
         self._evaluator = (
@@ -273,7 +298,7 @@ class TrainingEngine:
                 max_steps=config.eval_max_steps,
                 window=network.window,
             )
-            if config.eval_interval
+            if config.eval_interval and (ranks is None or ranks.leads)
             else None
         )
         self._episodes = 0
@@ -297,6 +322,7 @@ class TrainingEngine:
         self._rollouts: dict[int, tuple[int, Rollout]] = {}
         self._spent: dict[int, int] = {}
         self._started = False
+        self._serial_generation = 0
 
     @property
     def on_policy(self) -> bool:
@@ -318,6 +344,8 @@ class TrainingEngine:
         # A last resort for callers that forget close(): actors and segments go at exit.
         atexit.register(self.close)
         torch.set_num_threads(self.config.learner_threads)
+        if self._ranks is not None:
+            self._share_state()
         workers = self.config.workers
         # PPO alternates collection and learning, each waiting for the other,
         # so one actor process would overlap with nothing: it runs in this
@@ -407,7 +435,9 @@ class TrainingEngine:
             network=self._network,
         )
 
-    def _spawn(self, index: int, slots: range, *, generation: int) -> _ActorHandle:
+    def _spawn(
+        self, index: int, slots: range, *, generation: int, restarts: int = 0
+    ) -> _ActorHandle:
         assert self._ring is not None and self._board is not None
         ctx = mp.get_context("spawn")
         free_recv, free_send = ctx.Pipe(duplex=False)
@@ -435,7 +465,9 @@ class TrainingEngine:
         for slot in slots:
             if slot not in held:  # a held slot goes back after the update
                 free_send.send_bytes(SLOT_FORMAT.pack(slot))
-        return _ActorHandle(spec, process, free_send, filled_recv, slots, restarts=generation)
+        return _ActorHandle(
+            spec, process, free_send, filled_recv, slots, restarts=restarts, generation=generation
+        )
 
     def close(self) -> None:
         """Stops actors and frees every shared-memory segment; safe to call twice."""
@@ -486,7 +518,11 @@ class TrainingEngine:
             raise RuntimeError("call start() (or use the engine as a context manager) first")
         steps_before, updates_before = self._env_steps, self.learner.updates
         rounds_before = self.learner.rounds if isinstance(self.learner, PPOLearner) else 0
-        if isinstance(self.learner, PPOLearner):
+        if self._ranks is not None:
+            self._exchange()
+        if self._stopping:
+            metrics, rounds = {}, 0
+        elif isinstance(self.learner, PPOLearner):
             metrics = self._poll_rollouts(self.learner, timeout_s)
             rounds = self.learner.rounds - rounds_before
         else:
@@ -547,7 +583,7 @@ class TrainingEngine:
                 self._actors[index].free_slots.send_bytes(SLOT_FORMAT.pack(slot))
         for actor, fill in self._receive(timeout_s):
             self._take_fill(actor, fill)
-        if len(self._rollouts) < len(self._actors):
+        if not self._rollouts_complete():
             return {}
         ordered = [self._rollouts[index][1] for index in sorted(self._rollouts)]
         metrics = learner.train(Rollout.concat(ordered))
@@ -562,20 +598,34 @@ class TrainingEngine:
         *,
         on_poll: Callable[[PollResult], None] | None = None,
     ) -> Counters:
-        """Polls until `until(counters)` holds; `on_poll` sees every round (autosave, logging)."""
-        while not until(self.counters):
+        """Polls until `until(counters)` holds; `on_poll` sees every round (autosave, logging).
+
+        As one rank of several it polls until the ranks agree to stop: when
+        `until` holds here or any rank asked to (request_stop).
+        """
+        while True:
+            if until(self.counters):
+                if self._ranks is None:
+                    break
+                self.request_stop()
+            if self._stopping:
+                break
             result = self.poll()
             if on_poll is not None:
                 on_poll(result)
         return self.counters
 
     def _owed_updates(self, learner: Learner) -> int:
-        if not learner.ready():
+        if not (learner.ready() if self._ranks is None else self._all_ready):
             return 0
         if self._steps_when_ready is None:
             self._steps_when_ready = self._env_steps
             self._updates_when_ready = learner.updates
-        credit = math.floor(self.config.replay_ratio * (self._env_steps - self._steps_when_ready))
+        # N ranks step together on N batches, so an update per N env steps of
+        # theirs keeps each transition's expected reuse at the replay ratio.
+        world = 1 if self._ranks is None else self._ranks.world_size
+        steps = self._env_steps - self._steps_when_ready
+        credit = math.floor(self.config.replay_ratio * steps / world)
         return credit - (learner.updates - self._updates_when_ready)
 
     def _take(
@@ -614,12 +664,134 @@ class TrainingEngine:
         episode_returns: npt.NDArray[np.float64],
         episode_lengths: npt.NDArray[np.int64],
     ) -> None:
+        if self._ledger is not None:
+            self._ledger.hold(env_steps, episode_returns, episode_lengths)
+        else:
+            self._add_counts(env_steps, episode_returns, episode_lengths)
+
+    def _add_counts(
+        self,
+        env_steps: int,
+        episode_returns: npt.NDArray[np.float64],
+        episode_lengths: npt.NDArray[np.int64],
+    ) -> None:
         self._env_steps += env_steps
         self._episodes += len(episode_returns)
         self._recent.extend(float(r) for r in episode_returns)
         self._returns_log.extend(
             (float(r), int(n)) for r, n in zip(episode_returns, episode_lengths, strict=True)
         )
+
+    # -- learner ranks -------------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        """A stop was requested; as one rank of several, every rank has agreed to it."""
+        return self._stopping
+
+    def request_stop(self) -> None:
+        """Stop at the next round (for a rank: every rank stops after the next exchange).
+
+        Safe from a signal handler: it only sets a flag.
+        """
+        self._stop_requested = True
+        if self._ranks is None:
+            self._stopping = True
+
+    def _rollouts_complete(self) -> bool:
+        """PPO: every actor's rollout is here (as one rank: at every rank, as of the exchange)."""
+        if self._ranks is not None:
+            return self._all_ready
+        return len(self._rollouts) == len(self._actors)
+
+    def _exchange(self) -> None:
+        """One round among the ranks: counts, readiness, stop requests, rank 0's new state."""
+        assert self._ranks is not None and self._ledger is not None
+        if isinstance(self.learner, PPOLearner):
+            ready = self._serial is not None or len(self._rollouts) == len(self._actors)
+        else:
+            ready = self.learner.ready()
+        row = self._ledger.row(ready=ready, stop=self._stop_requested, changed=self._state_changed)
+        outcome = outcome_of(self._ranks.exchange(row))
+        self._add_counts(outcome.env_steps, outcome.episode_returns, outcome.episode_lengths)
+        self._all_ready = outcome.all_ready
+        self._stopping = self._stopping or outcome.stop
+        if outcome.state_changed:
+            self._share_state()
+
+    def _share_state(self) -> None:
+        """Rank 0's learner, counters and hyperparameters on every rank (a collective)."""
+        assert self._ranks is not None
+        leads = self._ranks.leads
+        state = self._ranks.broadcast_state(
+            {
+                "learner": self.learner.state_dict(),
+                "counters": dataclasses.asdict(self.counters),
+                "hyperparameters": dict(self.hyperparameters()),
+            }
+            if leads
+            else None
+        )
+        if not leads:
+            self.learner.load_state_dict(state["learner"])
+            counters = dict(state["counters"])
+            counters["recent_returns"] = tuple(counters["recent_returns"])
+            self.restore_counters(Counters(**counters))
+            self.set_hyperparameters(state["hyperparameters"])
+        self._state_changed = False
+        if self._started and (self._board is not None or self._serial is not None):
+            self._publish()
+
+    # -- hyperparameters (population-based training) ------------------------
+
+    def hyperparameters(self) -> Hyperparameters:
+        """The values population-based training may change, by their wire names."""
+        return read_hyperparameters(self.config, self.learner.config)
+
+    def set_hyperparameters(self, values: Hyperparameters) -> None:
+        """Take new hyperparameters; actors restart where theirs changed (DQN: ε, n-step γ).
+
+        Transitions already in the replay keep the discount they were
+        collected with; the replay turns over within replay_capacity steps.
+        """
+        engine_config, learner_config = with_hyperparameters(
+            self.config, self.learner.config, values
+        )
+        restart = self._started and actors_need_restart(
+            self.config, self.learner.config, engine_config, learner_config
+        )
+        if isinstance(self.learner, PPOLearner):
+            assert isinstance(learner_config, PPOConfig)
+            self.learner.reconfigure(learner_config)
+        else:
+            assert isinstance(learner_config, LearnerConfig)
+            self.learner.reconfigure(learner_config)
+        self.config = engine_config
+        self._state_changed = True
+        if restart:
+            self._restart_actors()
+
+    def _restart_actors(self) -> None:
+        """New actors with the current specs; what the old ones held is dropped."""
+        if self._serial is not None:
+            self._serial.close()
+            self._serial_generation += 1
+            spec = self._actor_spec(0, num_actors=1, generation=self._serial_generation)
+            self._serial = ActorCore(spec) if isinstance(spec, ActorSpec) else PPOActorCore(spec)
+        for position, actor in enumerate(self._actors):
+            actor.process.kill()
+            actor.process.join(timeout=5.0)
+            with contextlib.suppress(OSError):
+                actor.free_slots.close()
+                actor.filled_slots.close()
+            # A fresh seed stream, as after a restart; the failure budget is untouched.
+            self._actors[position] = self._spawn(
+                actor.spec.index,
+                actor.slots,
+                generation=actor.generation + 1,
+                restarts=actor.restarts,
+            )
+        self._publish()
 
     def on_batch(self, hook: Callable[[LearnerTransitions], None]) -> None:
         """Call `hook` with every local batch the learner takes in, after it was validated."""
@@ -648,7 +820,7 @@ class TrainingEngine:
             code = actor.process.exitcode
             if code is None:
                 continue
-            cause = _describe_exit(code)
+            cause = describe_exit(code)
             if actor.restarts >= self.config.max_actor_restarts:
                 raise ActorFailureError(
                     f"actor {actor.spec.index} {cause} and was already restarted "
@@ -668,7 +840,10 @@ class TrainingEngine:
                 actor.free_slots.close()
                 actor.filled_slots.close()
             self._actors[position] = self._spawn(
-                actor.spec.index, actor.slots, generation=actor.restarts + 1
+                actor.spec.index,
+                actor.slots,
+                generation=actor.generation + 1,
+                restarts=actor.restarts + 1,
             )
 
     def _publish(self) -> None:
@@ -741,6 +916,7 @@ class TrainingEngine:
         self._last_eval = counters.last_eval
         self._recent.clear()
         self._recent.extend(counters.recent_returns)
+        self._state_changed = True
         interval = self.config.eval_interval
         if interval:
             self._next_eval = (counters.env_steps // interval + 1) * interval
@@ -757,7 +933,9 @@ class TrainingEngine:
         """Adopt a model (e.g. the global one) and hand it to the actors at once.
 
         `target` is the DQN target network's fate (Learner.set_weights); PPO has none.
+        As rank 0 of several, the other ranks take it at the next exchange.
         """
+        self._state_changed = True
         if isinstance(self.learner, PPOLearner):
             self.learner.set_weights(arrays)
         else:
@@ -770,7 +948,8 @@ def _seed_of(seed: np.random.SeedSequence) -> int:
     return int(seed.generate_state(1)[0])
 
 
-def _describe_exit(code: int) -> str:
+def describe_exit(code: int) -> str:
+    """An exit code as people say it: "was killed by SIGKILL", "exited with code 1"."""
     if code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"
