@@ -21,6 +21,15 @@ from click.core import ParameterSource
 from fedrl.client.commands.backtest import backtest
 from fedrl.client.commands.config import TrainConfig, check_algorithm_options
 from fedrl.client.commands.export import export_command
+from fedrl.client.commands.gpu_stats import GpuMonitor
+from fedrl.client.commands.learners import (
+    SignalHandlers,
+    launch_learners,
+    restore_signals,
+    run_rank,
+    stop_on_signals,
+    with_default_workers,
+)
 from fedrl.client.commands.plot import plot_command
 from fedrl.client.commands.progress import ProgressReporter, TrainingProgress, mean_epsilon
 from fedrl.client.commands.state_dir import Autosaver, ModelIdentity, StateDir, StateError
@@ -32,6 +41,7 @@ from fedrl.client.federation.experience_sync import mixed_replay
 from fedrl.client.federation.federation_client import FederationClient
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.sync_loop import SyncLoop
+from fedrl.client.training.distributed import RankFailureError, RankGroup, RankPlace
 from fedrl.client.training.engine import Counters, PollResult, TrainingEngine
 from fedrl.common.config_cli import config_options, refuse_options_before_a_command, takes_config
 from fedrl.common.identity import validate_participant_id
@@ -59,44 +69,70 @@ def main(ctx: click.Context, /, config: TrainConfig) -> None:
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    given = {
+        option.name
+        for option in config_options(TrainConfig)
+        if ctx.get_parameter_source(option.name)
+        in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    }
     try:
-        check_algorithm_options(
-            config,
-            {
-                option.name
-                for option in config_options(TrainConfig)
-                if ctx.get_parameter_source(option.name)
-                in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
-            },
-        )
+        check_algorithm_options(config, given)
         check_bundle_identity(config)
         if config.episodes == 0:
             if config.offline:
                 raise click.UsageError("--episodes 0 shows the session's status: drop --offline")
             print_status(config)
             return
-        if config.offline:
-            if not config.participant_id:
-                raise click.UsageError("--participant-id is required to train")
-            train_offline(config)
+        if config.offline and not config.participant_id:
+            raise click.UsageError("--participant-id is required to train")
+        if not config.offline:
+            config = resolve_participant_id(config)
+        # torchrun's variables make this process one rank; --learners starts the ranks here.
+        place = RankPlace.from_env()
+        if place is not None and place.world_size > 1:
+            if "workers" not in given:
+                config = with_default_workers(config, place.local_world_size)
+            run_rank(config, place, train)
+        elif config.learners > 1:
+            if "workers" not in given:
+                config = with_default_workers(config, config.learners)
+            launch_learners(config, train)
         else:
-            train_federated(resolve_participant_id(config))
-    except (ValueError, StateError, SyncError, ServerCallError, TlsMaterialError) as exc:
+            train(config)
+    except (
+        ValueError,
+        StateError,
+        SyncError,
+        ServerCallError,
+        TlsMaterialError,
+        RankFailureError,
+    ) as exc:
         raise click.ClickException(str(exc)) from exc
 
 
-def train_offline(config: TrainConfig) -> Counters:
+def train(config: TrainConfig, ranks: RankGroup | None = None) -> Counters:
+    """Train alone or with the session, in this process or as rank 0 of `ranks`."""
+    if config.offline:
+        return train_offline(config, ranks)
+    return train_federated(config, ranks)
+
+
+def train_offline(config: TrainConfig, ranks: RankGroup | None = None) -> Counters:
     """Trains alone until the episode or step budget, resuming from and saving to the state dir.
 
-    Ctrl-C or SIGTERM stops at the next round and saves everything first.
+    Ctrl-C or SIGTERM stops at the next round and saves everything first. As
+    rank 0 of several learners, so does another rank's death, before the
+    error is raised.
     """
     identity = ModelIdentity(
         env=config.engine.env,
         architecture=config.architecture,
     )
     state = open_state_dir(config, identity)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    engine = TrainingEngine(config.engine, config.learner_config, network=config.network)
+    engine = TrainingEngine(
+        config.engine, config.learner_config, network=config.network, ranks=ranks
+    )
+    previous = _stop_signals(engine, ranks)
     try:
         autosave = Autosaver(
             state,
@@ -119,6 +155,7 @@ def train_offline(config: TrainConfig) -> Counters:
             target=goal,
             epsilon=_epsilon(config),
             replay_size=lambda: engine.replay_size,
+            gpus=_gpu_monitor(reporter),
         )
 
         def on_poll(result: PollResult) -> None:
@@ -128,13 +165,18 @@ def train_offline(config: TrainConfig) -> Counters:
         def done(c: Counters) -> bool:
             return c.episodes >= goal or 0 < config.max_env_steps <= c.env_steps
 
+        failure: RankFailureError | None = None
         try:
             engine.run(done, on_poll=on_poll)
         except KeyboardInterrupt:
             reporter.write("interrupted: saving")
+        except RankFailureError as exc:
+            failure = exc
         finally:
             reporter.close()
         autosave.save_all()
+        if failure is not None:
+            raise _saved_after(failure, engine.counters, state.path)
         counters = engine.counters
         click.echo(
             f"stopped at episode {counters.episodes}, {counters.env_steps} env steps; "
@@ -145,10 +187,10 @@ def train_offline(config: TrainConfig) -> Counters:
     finally:
         engine.close()
         state.close()
-        signal.signal(signal.SIGTERM, previous)
+        restore_signals(previous)
 
 
-def train_federated(config: TrainConfig) -> Counters:
+def train_federated(config: TrainConfig, ranks: RankGroup | None = None) -> Counters:
     """Trains with the session on config.server until this run's episodes or the session goal.
 
     The session is joined before anything is written, so a refused model
@@ -163,7 +205,6 @@ def train_federated(config: TrainConfig) -> Counters:
         architecture=config.architecture,
     )
     state = open_state_dir(config, identity)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     engine = TrainingEngine(
         config.engine,
         config.learner_config,
@@ -173,7 +214,9 @@ def train_federated(config: TrainConfig) -> Counters:
             if exchange is not None
             else None
         ),
+        ranks=ranks,
     )
+    previous = _stop_signals(engine, ranks)
     sync: SyncLoop | None = None
     try:
         autosave = Autosaver(
@@ -218,10 +261,13 @@ def train_federated(config: TrainConfig) -> Counters:
             target=start + config.episodes,
             epsilon=_epsilon(config),
             replay_size=lambda: engine.replay_size,
+            gpus=_gpu_monitor(reporter),
         )
         interrupted = False
+        failure: RankFailureError | None = None
         try:
-            while True:
+            # As rank 0 of several, a stop takes effect once the ranks agree on it.
+            while not engine.stopping:
                 result = engine.poll()
                 autosave(result)
                 sync.after_poll(result)
@@ -229,18 +275,22 @@ def train_federated(config: TrainConfig) -> Counters:
                 progress(counters, result, sync.view)
                 if sync.goal_reached:
                     reporter.write("the session reached its goal")
-                    break
-                if counters.episodes - start >= config.episodes or (
+                    engine.request_stop()
+                elif counters.episodes - start >= config.episodes or (
                     0 < config.max_env_steps <= counters.env_steps
                 ):
-                    break
+                    engine.request_stop()
         except KeyboardInterrupt:
             interrupted = True
             reporter.write("interrupted: pushing and saving")
+        except RankFailureError as exc:
+            failure = exc
         finally:
             reporter.close()
-        left = sync.finish(flush_timeout_s=10.0 if interrupted else 60.0)
+        left = sync.finish(flush_timeout_s=10.0 if interrupted or failure else 60.0)
         autosave.save_all()
+        if failure is not None:
+            raise _saved_after(failure, engine.counters, state.path)
         counters = engine.counters
         view = sync.view
         click.echo(
@@ -258,7 +308,7 @@ def train_federated(config: TrainConfig) -> Counters:
             sync.close()
         engine.close()
         state.close()
-        signal.signal(signal.SIGTERM, previous)
+        restore_signals(previous)
 
 
 def open_state_dir(config: TrainConfig, identity: ModelIdentity) -> StateDir:
@@ -353,8 +403,31 @@ def _epsilon(config: TrainConfig) -> float | None:
     )
 
 
+def _gpu_monitor(reporter: ProgressReporter) -> GpuMonitor:
+    """The GPUs for the progress line; where there are none, the run says so once."""
+    monitor = GpuMonitor()
+    if monitor.none_reason is not None:
+        reporter.write(f"gpus: none ({monitor.none_reason})")
+    return monitor
+
+
+def _stop_signals(engine: TrainingEngine, ranks: RankGroup | None) -> SignalHandlers:
+    """SIGTERM as Ctrl-C: alone, both interrupt at once; as ranks, both stop them at a round."""
+    if ranks is not None:
+        return stop_on_signals(engine)
+    return {signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_interrupt)}
+
+
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
+
+
+def _saved_after(failure: RankFailureError, counters: Counters, path: Path) -> RankFailureError:
+    return RankFailureError(
+        f"{failure}. The run's state is saved at episode {counters.episodes} "
+        f"({counters.env_steps} env steps) in {path}: run the same command to resume, with "
+        "any --learners"
+    )
 
 
 def _fmt(value: float | None) -> str:

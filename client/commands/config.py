@@ -92,6 +92,14 @@ class TrainConfig:
             "for the figures)."
         ),
     )
+    learners: int = field(
+        default=1,
+        metadata=doc(
+            "Data-parallel learner ranks (torch.distributed: NCCL on CUDA, one GPU each; gloo on "
+            "the CPU), each with its own --workers actors and replay, gradients averaged every "
+            "step; rank 0 saves, logs and federates. Under torchrun, WORLD_SIZE sets it."
+        ),
+    )
     tls: ConnectionSecurity = field(
         default_factory=ConnectionSecurity,
         metadata=section("How to reach the server: TLS material, a token, or plaintext."),
@@ -163,7 +171,7 @@ class TrainConfig:
                 refuse_for_ppo(changed)
             if self.share == "experience":
                 refuse_for_ppo(["share"])
-        for name in ("save_model_every", "save_progress_every", "sync_interval"):
+        for name in ("save_model_every", "save_progress_every", "sync_interval", "learners"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("episodes", "total_episodes"):

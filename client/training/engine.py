@@ -47,7 +47,7 @@ from fedrl.client.training.actor import (
     parse_fill,
     slot_capacity,
 )
-from fedrl.client.training.distributed import RankGroup, RoundLedger, outcome_of
+from fedrl.client.training.distributed import RankGroup, RoundLedger, RoundOutcome, outcome_of
 from fedrl.client.training.evaluation import EvalResult, Evaluator
 from fedrl.client.training.hyperparameters import (
     Hyperparameters,
@@ -518,8 +518,9 @@ class TrainingEngine:
             raise RuntimeError("call start() (or use the engine as a context manager) first")
         steps_before, updates_before = self._env_steps, self.learner.updates
         rounds_before = self.learner.rounds if isinstance(self.learner, PPOLearner) else 0
-        if self._ranks is not None:
-            self._exchange()
+        # The ranks' counts join this rank's only once the round is done: a
+        # round cut short by a dead rank leaves counters and metrics agreeing.
+        counted = self._exchange() if self._ranks is not None else None
         if self._stopping:
             metrics, rounds = {}, 0
         elif isinstance(self.learner, PPOLearner):
@@ -529,6 +530,8 @@ class TrainingEngine:
             metrics = self._poll_replay(self.learner, timeout_s)
             rounds = 0
         self._check_actors()
+        if counted is not None:
+            self._add_counts(counted.env_steps, counted.episode_returns, counted.episode_lengths)
         evaluation, new_best = self._maybe_evaluate()
         finished, self._returns_log = self._returns_log, []
         return PollResult(
@@ -704,8 +707,11 @@ class TrainingEngine:
             return self._all_ready
         return len(self._rollouts) == len(self._actors)
 
-    def _exchange(self) -> None:
-        """One round among the ranks: counts, readiness, stop requests, rank 0's new state."""
+    def _exchange(self) -> RoundOutcome:
+        """One round among the ranks: counts, readiness, stop requests, rank 0's new state.
+
+        Returns the round, whose counts the caller adds once the poll is through.
+        """
         assert self._ranks is not None and self._ledger is not None
         if isinstance(self.learner, PPOLearner):
             ready = self._serial is not None or len(self._rollouts) == len(self._actors)
@@ -713,11 +719,11 @@ class TrainingEngine:
             ready = self.learner.ready()
         row = self._ledger.row(ready=ready, stop=self._stop_requested, changed=self._state_changed)
         outcome = outcome_of(self._ranks.exchange(row))
-        self._add_counts(outcome.env_steps, outcome.episode_returns, outcome.episode_lengths)
         self._all_ready = outcome.all_ready
         self._stopping = self._stopping or outcome.stop
         if outcome.state_changed:
             self._share_state()
+        return outcome
 
     def _share_state(self) -> None:
         """Rank 0's learner, counters and hyperparameters on every rank (a collective)."""
