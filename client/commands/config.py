@@ -30,6 +30,10 @@ from fedrl.common.config_cli import doc, section
 
 Algorithm = Literal["dqn", "ppo"]
 
+PPO_FOLLOWS_LEARNER = ("seed", "device", "amp")
+"""PPOConfig fields without options: seeded from the engine's seed stream, the rest the
+learner section's (TrainConfig.learner_config)."""
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -151,7 +155,7 @@ class TrainConfig:
     ppo: PPOConfig = field(
         default_factory=PPOConfig,
         # Seeded from the engine's seed stream; device and amp are the learner section's.
-        metadata=section("The PPO learner (--algo ppo).", omit=("seed", "device", "amp")),
+        metadata=section("The PPO learner (--algo ppo).", omit=PPO_FOLLOWS_LEARNER),
     )
     exchange: ExchangeConfig = field(
         default_factory=ExchangeConfig,
@@ -252,7 +256,12 @@ def check_algorithm_options(config: TrainConfig, given: Set[str]) -> None:
         if named:
             refuse_for_ppo(named)
     else:
-        named = [f.name for f in dataclasses.fields(PPOConfig) if f.name in given]
+        # --device and --amp are the learner section's, which PPO's omits and follows.
+        named = [
+            f.name
+            for f in dataclasses.fields(PPOConfig)
+            if f.name in given and f.name not in PPO_FOLLOWS_LEARNER
+        ]
         if named:
             flags = ", ".join("--" + name.replace("_", "-") for name in named)
             raise ValueError(f"{flags} set PPO's learner: add --algo ppo, or drop them")
