@@ -20,7 +20,13 @@ from tests.support.population import (
     refused,
     report,
 )
-from tests.support.server_harness import InProcessServer, make_spec, push, server_config
+from tests.support.server_harness import (
+    InProcessServer,
+    make_spec,
+    metadata,
+    push,
+    server_config,
+)
 
 SPEC = make_spec([(4, 3), (3,)])
 READY = 100
@@ -90,6 +96,35 @@ def test_the_bottom_member_copies_the_top_members_weights_and_explores_its_hyper
     assert dict(history.hyperparameters) == dict(assignment.hyperparameters)
     text = render_status(status)
     assert "population (pbt)" in text and "lineage" in text and "a gen 0" in text
+
+
+def test_a_member_that_left_is_neither_ranked_nor_copied_until_it_joins_again(
+    tmp_path: Path,
+) -> None:
+    with start(tmp_path / "server") as server:
+        federation, population = three_members(server)
+        report(population, "a", SPEC, weights(1.0), sequence=1, env_steps=50, score=400.0)
+        report(population, "b", SPEC, weights(2.0), sequence=1, env_steps=50, score=200.0)
+        federation.Leave(
+            fpb.LeaveRequest(session="default", participant_id="a"), metadata=metadata("a")
+        )
+        without_a = report(
+            population, "c", SPEC, weights(3.0), sequence=1, env_steps=READY, score=1.0
+        )
+        join_population(federation, "a", SPEC)
+        back = report(
+            population,
+            "c",
+            SPEC,
+            weights(2.0),
+            sequence=2,
+            generation=1,
+            env_steps=2 * READY,
+            score=0.5,
+        )
+
+    assert without_a.decision == "exploit" and without_a.assignment.donor == "b"
+    assert back.decision == "exploit" and back.assignment.donor == "a"
 
 
 def test_reports_count_toward_the_session_goal_once_each(tmp_path: Path) -> None:

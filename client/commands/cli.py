@@ -40,12 +40,13 @@ from fedrl.client.federation.errors import ServerCallError, SyncError
 from fedrl.client.federation.experience_sync import mixed_replay
 from fedrl.client.federation.federation_client import FederationClient
 from fedrl.client.federation.model_spec import model_spec
+from fedrl.client.federation.population import PopulationError, PopulationMember
 from fedrl.client.federation.sync_loop import SyncLoop
 from fedrl.client.training.distributed import RankFailureError, RankGroup, RankPlace
 from fedrl.client.training.engine import Counters, PollResult, TrainingEngine
 from fedrl.common.config_cli import config_options, refuse_options_before_a_command, takes_config
 from fedrl.common.identity import validate_participant_id
-from fedrl.common.status_table import render_status
+from fedrl.common.status_table import hyperparameter_text, render_status
 from fedrl.common.tls import TlsMaterialError
 from fedrl.proto.v1 import federation_pb2 as pb
 
@@ -106,14 +107,17 @@ def main(ctx: click.Context, /, config: TrainConfig) -> None:
         ServerCallError,
         TlsMaterialError,
         RankFailureError,
+        PopulationError,
     ) as exc:
         raise click.ClickException(str(exc)) from exc
 
 
 def train(config: TrainConfig, ranks: RankGroup | None = None) -> Counters:
-    """Train alone or with the session, in this process or as rank 0 of `ranks`."""
+    """Train alone, with the session or in its population, here or as rank 0 of `ranks`."""
     if config.offline:
         return train_offline(config, ranks)
+    if config.mode == "pbt":
+        return train_population(config, ranks)
     return train_federated(config, ranks)
 
 
@@ -306,6 +310,105 @@ def train_federated(config: TrainConfig, ranks: RankGroup | None = None) -> Coun
     finally:
         if sync is not None:
             sync.close()
+        engine.close()
+        state.close()
+        restore_signals(previous)
+
+
+def train_population(config: TrainConfig, ranks: RankGroup | None = None) -> Counters:
+    """Trains as a member of the population session on config.server (population-based training).
+
+    Alone, with its own hyperparameters; after every evaluation it reports its
+    model and score, and when ranked into the bottom copies a better member's
+    weights and explores (fedrl.client.federation.population). Stops, saves and
+    ends with the session's status as train_federated does.
+    """
+    identity = ModelIdentity(env=config.engine.env, architecture=config.architecture)
+    state = open_state_dir(config, identity)
+    engine = TrainingEngine(
+        config.engine, config.learner_config, network=config.network, ranks=ranks
+    )
+    previous = _stop_signals(engine, ranks)
+    member: PopulationMember | None = None
+    try:
+        autosave = Autosaver(
+            state,
+            engine,
+            model_every=config.save_model_every,
+            progress_every=config.save_progress_every,
+        )
+        autosave.resume()
+        spec = model_spec(
+            config.engine.env, engine.weights(), identity.architecture, data=config.engine.data
+        )
+        member = PopulationMember(
+            engine,
+            participant_id=config.participant_id,
+            session=config.session,
+            spec=spec,
+            channel_factory=lambda: _channel(config),
+            on_record=lambda record: state.append_metrics([record]),
+        )
+        member.start()
+        click.echo(
+            f"{state.participant_id}: member of population {config.session!r}, generation "
+            f"{member.generation}, {hyperparameter_text(engine.hyperparameters())}",
+            err=True,
+        )
+        engine.start()
+        start = engine.counters.episodes
+        reporter = ProgressReporter(interval_s=config.log_interval)
+        progress = TrainingProgress(
+            reporter,
+            target=start + config.episodes,
+            epsilon=_epsilon(config),
+            replay_size=lambda: engine.replay_size,
+            gpus=_gpu_monitor(reporter),
+        )
+        interrupted = False
+        failure: RankFailureError | None = None
+        try:
+            while not engine.stopping:
+                result = engine.poll()
+                autosave(result)
+                generation = member.generation
+                member.after_poll(result)
+                if member.generation != generation:
+                    # The copied model is this member's now: keep it before anything else.
+                    autosave.save_all()
+                counters = engine.counters
+                progress(counters, result, generation=member.generation)
+                if member.goal_reached:
+                    reporter.write("the session reached its goal")
+                    engine.request_stop()
+                elif counters.episodes - start >= config.episodes or (
+                    0 < config.max_env_steps <= counters.env_steps
+                ):
+                    engine.request_stop()
+        except KeyboardInterrupt:
+            interrupted = True
+            reporter.write("interrupted: reporting and saving")
+        except RankFailureError as exc:
+            failure = exc
+        finally:
+            reporter.close()
+        member.finish(timeout_s=10.0 if interrupted or failure else 60.0)
+        autosave.save_all()
+        if failure is not None:
+            raise _saved_after(failure, engine.counters, state.path)
+        counters = engine.counters
+        click.echo(
+            f"stopped at episode {counters.episodes} ({counters.episodes - start} this run), "
+            f"{counters.env_steps} env steps; generation {member.generation}, "
+            f"{member.reports} reports taken; best local evaluation {_fmt(counters.best_eval)}; "
+            f"state in {state.path}",
+            err=True,
+        )
+        _echo_status(member.status(), state.path)
+        return counters
+    finally:
+        if member is not None:
+            member.close()
         engine.close()
         state.close()
         restore_signals(previous)

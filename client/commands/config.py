@@ -29,6 +29,7 @@ from fedrl.client.training.q_network import architecture_name
 from fedrl.common.config_cli import doc, section
 
 Algorithm = Literal["dqn", "ppo"]
+Mode = Literal["federated", "pbt"]
 
 PPO_FOLLOWS_LEARNER = ("seed", "device", "amp")
 """PPOConfig fields without options: seeded from the engine's seed stream, the rest the
@@ -51,6 +52,16 @@ class TrainConfig:
         default="default", metadata=doc("Session to join; the first participant creates it.")
     )
     offline: bool = field(default=False, metadata=doc("Train alone, without a server."))
+    mode: Mode = field(
+        default="federated",
+        metadata=doc(
+            "With a server: federated (weight deltas averaged into global versions, experience "
+            "shared) or pbt (population-based training: the session is a population; this "
+            "participant trains alone with its own hyperparameters, reports its model after "
+            "every evaluation, and when it ranks in the bottom copies a better member and "
+            "explores). The session's first participant fixes it."
+        ),
+    )
     algo: Algorithm = field(
         default="dqn",
         metadata=doc(
@@ -175,6 +186,14 @@ class TrainConfig:
                 refuse_for_ppo(changed)
             if self.share == "experience":
                 refuse_for_ppo(["share"])
+        if self.mode not in ("federated", "pbt"):
+            raise ValueError(f"mode must be federated or pbt, got {self.mode!r}")
+        if self.mode == "pbt" and self.offline:
+            raise ValueError("--mode pbt trains in a population on a server: drop --offline")
+        if self.mode == "pbt" and self.engine.eval_interval == 0:
+            raise ValueError(
+                "--mode pbt ranks members by their greedy evaluation: give --eval-interval > 0"
+            )
         for name in ("save_model_every", "save_progress_every", "sync_interval", "learners"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -206,8 +225,12 @@ class TrainConfig:
     def shared_experience(self) -> ExchangeConfig | None:
         """The experience exchange to run, if any: DQN's when its share includes experience
         (ValueError for a share that cannot work); never PPO's, which learns only from its
-        own rollouts."""
-        if self.algo == "ppo" or not shares_experience(self.share, self.exchange):
+        own rollouts, nor a population member's, which trains alone."""
+        if (
+            self.algo == "ppo"
+            or self.mode == "pbt"
+            or not shares_experience(self.share, self.exchange)
+        ):
             return None
         return self.exchange
 

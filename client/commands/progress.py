@@ -69,6 +69,9 @@ PROGRESS_FIELDS: tuple[ProgressField, ...] = (
     ),
     ProgressField("session_goal", "goal", "Federated: the session's total-episodes goal.", 0),
     ProgressField(
+        "generation", "gen", "Population (--mode pbt): exploits this member has made so far.", 0
+    ),
+    ProgressField(
         "gpus",
         "gpu",
         "Per GPU, from NVIDIA's management library: index:utilisation%/used of total "
@@ -287,7 +290,12 @@ class TrainingProgress:
         self._loss: float | None = None
 
     def __call__(
-        self, counters: Counters, result: PollResult, view: ServerView | None = None
+        self,
+        counters: Counters,
+        result: PollResult,
+        view: ServerView | None = None,
+        *,
+        generation: int | None = None,
     ) -> None:
         now = self._clock()
         if "loss" in result.train_metrics:
@@ -304,6 +312,8 @@ class TrainingProgress:
             "replay_size": self._replay_size(),
             "loss": self._loss,
         }
+        if generation is not None:
+            fields["generation"] = generation
         if self._gpus is not None and self._gpus.found:
             fields["gpus"] = self._gpus.brief()
         if view is not None:
