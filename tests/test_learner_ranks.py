@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from fedrl.client.commands.cli import main
@@ -90,6 +91,9 @@ def test_a_killed_rank_stops_every_rank_naming_it_and_the_state_resumes_with_one
     assert len(episodes) >= int(saved.group(1)) + 10
 
 
+# Five rank processes start in turn: ~25 s on a 2-core machine. PPO's ranks are
+# checked against one learner in the default suite (tests/test_distributed_learner.py).
+@pytest.mark.slow
 def test_two_ppo_learners_train_to_the_episode_budget_and_resume_as_three(tmp_path: Path) -> None:
     ppo = [
         "--participant-id", "ann",
