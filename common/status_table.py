@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from fedrl.proto.v1 import federation_pb2 as pb
 
@@ -70,6 +70,9 @@ def render_session(state: pb.SessionState) -> str:
     ]
     if state.updates_quarantined:
         summary.append(f"  quarantined updates {state.updates_quarantined} (see its quarantine/)")
+    if state.mode == "pbt":
+        summary[0] += "  population (pbt)"
+        return "\n".join(summary) + "\n\n" + render_population(state)
     participants = table(
         [
             "participant",
@@ -127,7 +130,63 @@ def render_session(state: pb.SessionState) -> str:
     return "\n".join(summary) + "\n\n" + participants + "\n\n" + versions
 
 
-def _optional(message: pb.ParticipantState | pb.VersionState, name: str) -> str:
+def render_population(state: pb.SessionState) -> str:
+    """A population's members (best score first) and every generation of each: its lineage."""
+    members = table(
+        ["member", "gen", "score", "env steps", "episodes", "ranked", "hyperparameters", "model"],
+        [
+            [
+                m.participant_id,
+                str(m.generation) + (" (adopting)" if m.adopting else ""),
+                _optional(m, "score"),
+                str(m.env_steps),
+                str(m.episodes),
+                str(m.rankings),
+                hyperparameter_text(m.hyperparameters),
+                m.checkpoint or "-",
+            ]
+            for m in state.members
+        ],
+        numeric={2, 3, 4, 5},
+    )
+    lineage = table(
+        [
+            "member",
+            "gen",
+            "from",
+            "donor score",
+            "own score",
+            "at env steps",
+            "created",
+            "hyperparameters",
+        ],
+        [
+            [
+                g.participant_id,
+                str(g.generation),
+                f"{g.donor} gen {g.donor_generation}" if g.donor else "(joined)",
+                _optional(g, "donor_score"),
+                _optional(g, "score"),
+                str(g.env_steps),
+                _time(g.created_unix_ms),
+                hyperparameter_text(g.hyperparameters),
+            ]
+            for g in state.lineage
+        ],
+        numeric={1, 3, 4, 5},
+    )
+    return members + "\n\nlineage\n" + lineage
+
+
+def hyperparameter_text(values: Mapping[str, float]) -> str:
+    """`gamma=0.99 lr=0.001`: sorted by name, four significant digits."""
+    return " ".join(f"{name}={values[name]:.4g}" for name in sorted(values)) or "-"
+
+
+def _optional(
+    message: pb.ParticipantState | pb.VersionState | pb.MemberState | pb.MemberGeneration,
+    name: str,
+) -> str:
     return f"{getattr(message, name):.2f}" if message.HasField(name) else "-"
 
 

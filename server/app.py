@@ -34,11 +34,15 @@ from fedrl.common.chunking import DecodeLimits
 from fedrl.common.tls import TlsPaths
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
+from fedrl.proto.v1 import population_pb2_grpc
 from fedrl.server.aggregation import Strategy
 from fedrl.server.auth import HEALTH_METHODS, AuthInterceptor, server_transport
 from fedrl.server.config import ServerConfig
 from fedrl.server.dashboard.web import Dashboard
 from fedrl.server.handlers import guard_handler
+from fedrl.server.population import Population
+from fedrl.server.population_service import SERVICE_NAME as POPULATION_SERVICE
+from fedrl.server.population_service import PopulationServicer
 from fedrl.server.service import FederationServicer
 from fedrl.server.session import Federation
 
@@ -206,9 +210,21 @@ async def run_server(
             federation, limits=limits, chunk_bytes=config.chunk_bytes, call_limits=config.limits
         )
         pb_grpc.add_FederationServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+        # Population sessions (population-based training) live in the same sessions.
+        population = Population(config, federation)
+        await population.open()
+        population_pb2_grpc.add_PopulationServicer_to_server(  # type: ignore[no-untyped-call]
+            PopulationServicer(
+                population,
+                limits=limits,
+                chunk_bytes=config.chunk_bytes,
+                call_limits=config.limits,
+            ),
+            server,
+        )
         for service in extra_services:
             service.add(server)
-        names = [FEDERATION_SERVICE, *(s.name for s in extra_services)]
+        names = [FEDERATION_SERVICE, POPULATION_SERVICE, *(s.name for s in extra_services)]
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         for name in ["", *names]:

@@ -137,6 +137,27 @@ class ServerConfig:
             "model's norm); 0: off. See fedrl.server.norm_bound."
         ),
     )
+    pbt_ready_steps: int = field(
+        default=20_000,
+        metadata=doc(
+            "Population sessions: env steps a member trains between two rankings of it "
+            "(its report after that many steps ranks it; PBT's 'ready')."
+        ),
+    )
+    pbt_quantile: float = field(
+        default=0.25,
+        metadata=doc(
+            "Population sessions: share of ranked members in the top and in the bottom (at "
+            "least one each); a bottom member copies a top one. See fedrl.server.exploit_explore."
+        ),
+    )
+    pbt_resample_probability: float = field(
+        default=0.25,
+        metadata=doc(
+            "Population sessions: chance that explore draws a hyperparameter afresh from its "
+            "range instead of multiplying it by 0.8 or 1.2."
+        ),
+    )
     token_auth: bool = field(
         default=False,
         metadata=doc("Authenticate by per-participant token over one-way TLS, not client certs."),
@@ -211,6 +232,7 @@ class ServerConfig:
             "sync_interval": self.sync_interval,
             "status_versions": self.status_versions,
             "dashboard_versions": self.dashboard_versions,
+            "pbt_ready_steps": self.pbt_ready_steps,
         }
         for name, value in positive.items():
             if value <= 0:
@@ -247,6 +269,12 @@ class ServerConfig:
             raise ValueError(
                 f"update_norm_factor must be finite and >= 0 (0: off), got "
                 f"{self.update_norm_factor}"
+            )
+        if not 0.0 < self.pbt_quantile <= 0.5:
+            raise ValueError(f"pbt_quantile must lie in (0, 0.5], got {self.pbt_quantile}")
+        if not 0.0 <= self.pbt_resample_probability <= 1.0:
+            raise ValueError(
+                f"pbt_resample_probability must lie in [0, 1], got {self.pbt_resample_probability}"
             )
         _strategies_by_session(self.session_strategy)
         # LimitsConfig checks its own fields and names the one that is wrong.

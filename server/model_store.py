@@ -150,24 +150,29 @@ class ModelStore:
         return deleted
 
     def _read(self, path: Path) -> list[tuple[str, np.ndarray]]:
-        try:
-            with zipfile.ZipFile(path) as archive:
-                tensors = []
-                for info in archive.infolist():
-                    if not info.filename.endswith(_NPY_SUFFIX):
-                        raise ValueError(f"entry {info.filename!r} is not a .npy array")
-                    with archive.open(info) as member:
-                        array = np.lib.format.read_array(member, allow_pickle=False)
-                    tensors.append((info.filename[: -len(_NPY_SUFFIX)], array))
-        except FileNotFoundError:
-            raise
-        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as error:
-            raise ValueError(f"checkpoint {path} is unreadable: {error}") from error
-        return tensors
+        return read_checkpoint(path)
 
     def _remove_temp_files(self) -> None:
         """Delete temporary files whose write can no longer finish."""
         remove_abandoned_temp_files(self._root, _VERSION_FILE)
+
+
+def read_checkpoint(path: Path) -> list[tuple[str, np.ndarray]]:
+    """The named tensors of one checkpoint file, in model order (ValueError if unreadable)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            tensors = []
+            for info in archive.infolist():
+                if not info.filename.endswith(_NPY_SUFFIX):
+                    raise ValueError(f"entry {info.filename!r} is not a .npy array")
+                with archive.open(info) as member:
+                    array = np.lib.format.read_array(member, allow_pickle=False)
+                tensors.append((info.filename[: -len(_NPY_SUFFIX)], array))
+    except FileNotFoundError:
+        raise
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as error:
+        raise ValueError(f"checkpoint {path} is unreadable: {error}") from error
+    return tensors
 
 
 def _write_npz(file: BinaryIO, tensors: list[tuple[str, np.ndarray]]) -> None:

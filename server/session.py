@@ -83,6 +83,8 @@ TENSORBOARD_DIR = "tensorboard"
 SESSIONS_DIR = "sessions"
 DEFAULT_SESSION = "default"
 ACCEPTED_DELTA_DTYPES = (tpb.DTYPE_FLOAT32, tpb.DTYPE_FLOAT16, tpb.DTYPE_BFLOAT16)
+FEDERATED, POPULATION = "federated", "pbt"
+"""Session modes (JoinRequest.mode): averaging weight deltas, or population-based training."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,8 @@ class Session:
     """For each push between its log append and the buffer: the log's last LSN before it."""
     in_flight: dict[tuple[str, int], asyncio.Future[PushResult]] = field(default_factory=dict)
     norm_bound: NormBound = field(default_factory=lambda: NormBound(factor=0.0))
+    mode: str = FEDERATED
+    """FEDERATED or POPULATION (server/population.py), fixed by the first Join."""
 
     @property
     def goal(self) -> pb.GoalState:
@@ -251,6 +255,16 @@ class Federation:
         await self._write_global_state()
         await asyncio.to_thread(self._db.close)
 
+    @property
+    def db(self) -> DbRunner:
+        """The state database's runner, shared with the population (server/population.py)."""
+        return self._db
+
+    def population_changed(self, session: Session) -> None:
+        """A population's members or goal moved: wake watchers, refresh global_state.json."""
+        session.notify()
+        self._global_state_changed()
+
     def session_config(self, session_name: str | None = None) -> pb.SessionConfig:
         """The settings clients follow; with a session name, that session's strategy."""
         c = self.config
@@ -265,15 +279,28 @@ class Federation:
             delta_dtypes=list(ACCEPTED_DELTA_DTYPES),
             global_eval_interval=c.global_eval_interval,
             push_rate_per_s=c.push_rate_per_s,
+            pbt_ready_steps=c.pbt_ready_steps,
+            pbt_quantile=c.pbt_quantile,
+            pbt_resample_probability=c.pbt_resample_probability,
         )
 
     # Join and leave.
 
     async def join(
-        self, session_name: str, participant_id: str, spec: tpb.ModelSpec, claimed_hash: str
+        self,
+        session_name: str,
+        participant_id: str,
+        spec: tpb.ModelSpec,
+        claimed_hash: str,
+        mode: str = "",
     ) -> JoinResult:
         name = validate_session_name(session_name)
         pid = validate_id(participant_id)
+        mode = mode or FEDERATED
+        if mode not in (FEDERATED, POPULATION):
+            raise InvalidRequestError(
+                f"mode {mode!r} is not a session mode: {FEDERATED} or {POPULATION}"
+            )
         digest = spec_hash(spec)
         if claimed_hash and claimed_hash != digest:
             raise InvalidRequestError(
@@ -283,7 +310,12 @@ class Federation:
         async with self._create_lock:
             session = self._sessions.get(name)
             if session is None:
-                session = await self._create(name, spec, digest)
+                session = await self._create(name, spec, digest, mode)
+        if session.mode != mode:
+            raise PreconditionError(
+                f"session {name!r} is {_described(session.mode)}, you asked for "
+                f"{_described(mode)}: join it with --mode {session.mode}, or use another --session"
+            )
         if session.spec_hash != digest:
             difference = spec_difference(session.spec, spec) or "canonical form"
             raise PreconditionError(
@@ -323,6 +355,7 @@ class Federation:
         session = self.session(session_name)
         pid = self._member(session, participant_id)
         self._check_hash(session, claimed_hash)
+        _refuse_in_population(session, "seed a global model")
         checked = check_tensors(session.spec, tensors, what="seed model")
         try:
             version = await session.aggregator.seed(pid, checked)
@@ -337,6 +370,7 @@ class Federation:
         session = self.session(request.session)
         pid = self._member(session, request.participant_id)
         self._check_hash(session, request.spec_hash)
+        _refuse_in_population(session, "push weight deltas")
         # Its numbers were range-checked when it was made (PushRequest.__post_init__).
         pending = session.in_flight.get((pid, request.sequence))
         if pending is not None:
@@ -657,12 +691,15 @@ class Federation:
                 f"{session.name!r} ({session.spec_hash}); Join again with the session's model"
             )
 
-    async def _create(self, name: str, spec: tpb.ModelSpec, digest: str) -> Session:
+    async def _create(self, name: str, spec: tpb.ModelSpec, digest: str, mode: str) -> Session:
         goal = self.config.goal_episodes
         now = now_ms()
-        await self._db(lambda db: db.create_session(name, spec, digest, goal, now))
-        session = await self._recover(SessionRow(name, spec, digest, goal, 0, 0))
-        log.info("session %r created (spec %s)", name, digest[:12])
+        population = mode == POPULATION
+        await self._db(
+            lambda db: db.create_session(name, spec, digest, goal, now, population=population)
+        )
+        session = await self._recover(SessionRow(name, spec, digest, goal, 0, 0, population))
+        log.info("session %r created (%s, spec %s)", name, _described(mode), digest[:12])
         return session
 
     async def _recover(self, row: SessionRow) -> Session:
@@ -717,6 +754,7 @@ class Federation:
             participants=set(participants),
             active={pid for pid, status in participants.items() if status == "active"},
             norm_bound=NormBound(factor=self.config.update_norm_factor),
+            mode=POPULATION if row.population else FEDERATED,
         )
         self._sessions[row.name] = session
         replayed = 0
@@ -946,6 +984,18 @@ def check_norm(norm: float, *, max_norm: float) -> None:
         raise InvalidRequestError(
             f"update norm {norm:.6g} exceeds this server's bound of {max_norm:g} "
             "(--max-update-norm); check the learning rate, or sync more often"
+        )
+
+
+def _described(mode: str) -> str:
+    return "a population (pbt)" if mode == POPULATION else "federated (averaging)"
+
+
+def _refuse_in_population(session: Session, what: str) -> None:
+    if session.mode == POPULATION:
+        raise PreconditionError(
+            f"session {session.name!r} is a population (pbt): its members report their own "
+            f"models (Population.Report) and never {what}"
         )
 
 

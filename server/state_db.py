@@ -22,7 +22,7 @@ import json
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -31,6 +31,7 @@ from fedrl.common.durable_files import write_atomically
 from fedrl.common.status_file import status_to_json
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
+from fedrl.server import population_db
 from fedrl.server.experience_store import last_acknowledged, participant_counts
 
 SCHEMA_VERSION = 1
@@ -135,6 +136,8 @@ class SessionRow:
     goal_total: int
     episodes_done: int
     env_steps: int
+    population: bool = False
+    """A population-based training session (server/population.py), not an averaging one."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +204,8 @@ class StateDB:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.executescript(_SCHEMA)
+            # Tables added after schema version 1 shipped, created as an older database opens.
+            self._conn.executescript(population_db.SCHEMA)
             self._check_schema_version()
         self._conn.execute("PRAGMA foreign_keys=ON")
         self._env_steps: dict[str, tuple[list[int], list[int]]] = {}
@@ -209,6 +214,15 @@ class StateDB:
 
     def close(self) -> None:
         self._conn.close()
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """For modules that keep tables of their own here (server/population_db.py): reads."""
+        return self._conn
+
+    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        """For modules that keep tables of their own here: one write transaction."""
+        return self._transaction()
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -256,20 +270,39 @@ class StateDB:
             "SELECT name, spec, spec_hash, goal_total, episodes_done, env_steps "
             "FROM sessions ORDER BY name"
         ).fetchall()
+        populations = population_db.population_sessions(self._conn)
         return [
-            SessionRow(name, tpb.ModelSpec.FromString(spec), spec_hash, goal, done, steps)
+            SessionRow(
+                name,
+                tpb.ModelSpec.FromString(spec),
+                spec_hash,
+                goal,
+                done,
+                steps,
+                population=name in populations,
+            )
             for name, spec, spec_hash, goal, done, steps in rows
         ]
 
     def create_session(
-        self, name: str, spec: tpb.ModelSpec, spec_hash: str, goal_total: int, now_ms: int
+        self,
+        name: str,
+        spec: tpb.ModelSpec,
+        spec_hash: str,
+        goal_total: int,
+        now_ms: int,
+        *,
+        population: bool = False,
     ) -> None:
+        """A new session; a population's mode is stored in the same transaction."""
         with self._transaction() as db:
             db.execute(
                 "INSERT INTO sessions (name, spec, spec_hash, env_id, goal_total, created_ms) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (name, spec.SerializeToString(), spec_hash, spec.env_id, goal_total, now_ms),
             )
+            if population:
+                population_db.mark_population(db, name, now_ms)
 
     def set_goal(self, session: str, goal_total: int) -> None:
         with self._transaction() as db:
@@ -525,7 +558,10 @@ class StateDB:
             best_version=-1,
             config=config,
             updates_quarantined=self._quarantined_count(row.name),
+            mode="pbt" if row.population else "federated",
         )
+        if row.population:
+            population_db.describe(self._conn, row.name, state)
         best = self.best_version(row.name)
         if best is not None:
             state.best_version, state.best_eval_return = best

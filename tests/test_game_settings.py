@@ -6,12 +6,14 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from fedrl.client.commands.cli import main
 from fedrl.client.commands.config import TrainConfig
 from fedrl.client.commands.game_defaults import GAME_LEARNER, GAME_PPO, with_game_defaults
 from fedrl.client.commands.system_check import Recommendation, with_capacity
+from fedrl.client.training import memory
 from fedrl.client.training.engine import EngineConfig
 from fedrl.client.training.frame_replay import FrameReplay
 from fedrl.client.training.learner import LearnerConfig
@@ -114,3 +116,19 @@ def test_a_game_run_reports_its_settings_and_memory_and_trains_on_frames(tmp_pat
     # Random Breakout games last about 200 steps: each env of the four ends some.
     assert any(r["kind"] == "train" and r["updates"] > 0 for r in records)
     assert (tmp_path / "Макар" / "model.pt").exists()
+
+
+def test_learner_ranks_on_one_machine_split_the_game_replays_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(memory, "available_bytes", lambda: 8 * 10**9)
+
+    alone, _ = with_game_defaults(game(), given=set())
+    four, _ = with_game_defaults(game(), given=set(), replays=4)
+
+    # Each of the four ranks keeps a replay: together they take what one would.
+    assert alone.learner.replay_capacity == fitting_capacity(STACK, available=8 * 10**9)
+    assert four.learner.replay_capacity == fitting_capacity(STACK, available=2 * 10**9)
+    assert 4 * replay_bytes(four.learner.replay_capacity, STACK) <= 4 * 10**9
+    with pytest.raises(ValueError, match="replays must be at least 1"):
+        with_game_defaults(game(), given=set(), replays=0)

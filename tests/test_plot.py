@@ -25,6 +25,7 @@ from fedrl.client.training.learner import LearnerConfig
 from fedrl.common.status_file import status_to_json
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.server.cli import main as fedrl_server
+from tests.support.population import enroll, join_population, population_stub, report
 from tests.support.server_harness import (
     InProcessServer,
     join,
@@ -107,6 +108,19 @@ def write_documented_metrics(path: Path) -> None:
                     "best": float(episode),
                 }
             )
+            if episode == 200:
+                records.append(
+                    {
+                        "kind": "exploit",
+                        "time": now,
+                        "episode": episode,
+                        "env_steps": steps,
+                        "generation": 1,
+                        "donor": "小明",
+                        "donor_generation": 0,
+                        "hyperparameters": {"lr": 8e-4, "gamma": 0.9875},
+                    }
+                )
             records.append(
                 {
                     "kind": "sync",
@@ -161,7 +175,7 @@ def test_plot_writes_every_participant_curve_from_a_documented_metrics_file(
     for path in out.iterdir():
         assert_png(path)
     assert "skipped 1 unreadable line(s)" in result.output
-    assert "line 343: not JSON" in result.output
+    assert "line 344: not JSON" in result.output
 
 
 # CI machines often have no CJK font; the figure is still written, with boxes.
@@ -220,6 +234,33 @@ def test_plot_draws_the_global_model_per_version_from_the_server_state(tmp_path:
     assert missing == [] and log is None
     assert result.exit_code == 0, result.output
     assert_png(out / "rpc" / "global-default.png")
+
+
+def test_plot_draws_a_populations_hyperparameter_history_and_lineage(tmp_path: Path) -> None:
+    spec = make_spec([(4,)])
+    config = server_config(tmp_path / "data", pbt_ready_steps=100, pbt_resample_probability=0.0)
+    with InProcessServer(config) as server:
+        federation, population = server.stub(), population_stub(server.address)
+        for pid, score in (("Макар", 300.0), ("小明", 200.0), ("ann", 10.0)):
+            join_population(federation, pid, spec)
+            enroll(population, pid)
+            report(population, pid, spec, [np.zeros(4, np.float32)], sequence=1, score=score)
+        decided = report(
+            population, "ann", spec, [np.ones(4, np.float32)], sequence=2, env_steps=100
+        )
+        exported = CliRunner().invoke(
+            fedrl_server, ["status", "--data-dir", str(config.data_dir), "--json"]
+        )
+    status_file = tmp_path / "status.json"
+    status_file.write_text(exported.stdout, encoding="utf-8")
+
+    written, missing, _ = plot(
+        PlotConfig(state_dir=tmp_path / "none", server=str(status_file), out=tmp_path / "png")
+    )
+
+    assert decided.decision == "exploit"
+    assert [p.name for p in written] == ["population-default.png"] and missing == []
+    assert_png(written[0])
 
 
 def test_server_address_without_a_participant_id_says_what_to_pass(tmp_path: Path) -> None:

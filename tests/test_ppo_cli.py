@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from fedrl.client.commands.cli import main
-from fedrl.client.commands.config import TrainConfig
+from fedrl.client.commands.config import TrainConfig, check_algorithm_options
 from fedrl.client.commands.export import ExportConfig, export_model
 from fedrl.client.federation.experience_sync import ExchangeConfig
 
@@ -99,6 +99,13 @@ def test_dqn_only_and_ppo_only_options_are_refused_with_the_other_algorithm(
     assert dqn_option.exit_code != 0 and "does not take --n-step" in dqn_option.output
     assert ppo_option.exit_code != 0
     assert "--clip-range set PPO's learner: add --algo ppo" in ppo_option.output
+
+
+def test_device_and_amp_serve_either_algorithm_and_are_refused_for_neither() -> None:
+    given = {"device", "amp"}
+
+    check_algorithm_options(TrainConfig(algo="dqn"), given)
+    check_algorithm_options(TrainConfig(algo="ppo"), given)
 
 
 def test_a_config_for_ppo_with_experience_exchange_is_refused() -> None:

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from fedrl.client.commands.gpu_stats import GpuMonitor
 from fedrl.client.commands.progress import (
     PROGRESS_FIELDS,
     ProgressReporter,
@@ -19,8 +20,13 @@ from fedrl.client.training.engine import Counters, EngineConfig, PollResult, Tra
 from fedrl.client.training.evaluation import EvalResult
 from fedrl.client.training.learner import LearnerConfig
 from fedrl.proto.v1 import federation_pb2 as pb
+from tests.support.fake_nvml import fake_nvml
 
 FEDERATED = {"version", "participants", "session_episodes", "session_goal"}
+POPULATION = {"generation"}
+"""Shown for a member of a population session (tests/test_population_training.py)."""
+GPU = {"gpus"}
+"""Shown only where NVIDIA's management library finds a GPU (tests/test_gpu_stats.py)."""
 
 
 class FakeClock:
@@ -54,7 +60,12 @@ def test_plain_mode_line_carries_every_documented_field_of_a_federated_run() -> 
     stream, clock = io.StringIO(), FakeClock()
     reporter = ProgressReporter(stream=stream, tty=False, interval_s=5.0, clock=clock)
     progress = TrainingProgress(
-        reporter, target=500, epsilon=0.05, replay_size=lambda: 4321, clock=clock
+        reporter,
+        target=500,
+        epsilon=0.05,
+        replay_size=lambda: 4321,
+        gpus=GpuMonitor(nvml=lambda: fake_nvml(gpus=1)),
+        clock=clock,
     )
     view = ServerView(
         connected=True,
@@ -80,7 +91,7 @@ def test_plain_mode_line_carries_every_documented_field_of_a_federated_run() -> 
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2
     fields = parse_line(lines[-1])
-    assert set(fields) == {f.name for f in PROGRESS_FIELDS} - {"target"}
+    assert set(fields) == {f.name for f in PROGRESS_FIELDS} - {"target", *POPULATION}
     assert fields["episodes"] == "120/500"
     assert fields["env_steps_per_s"] == "1000"
     assert fields["updates_per_s"] == "500"
@@ -116,7 +127,7 @@ def test_a_real_training_run_reports_every_offline_field() -> None:
     reporter.close()
     # Assert: the last line (written at close) has a value for every field.
     fields = parse_line(stream.getvalue().splitlines()[-1])
-    offline = {f.name for f in PROGRESS_FIELDS} - {"target", *FEDERATED}
+    offline = {f.name for f in PROGRESS_FIELDS} - {"target", *FEDERATED, *GPU, *POPULATION}
     assert set(fields) == offline
     assert all(value != "-" for value in fields.values()), fields
     assert int(fields["replay_size"]) > 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.sync_loop import SyncLoop
+from fedrl.client.training.distributed import RankGroup, RankPlace
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
@@ -176,3 +178,37 @@ def test_the_actor_role_is_for_dqn_and_needs_to_share_both(tmp_path: Path) -> No
         engine.close()
     result = CliRunner().invoke(main, ["--role", "actor", "--algo", "ppo", "--offline"])
     assert result.exit_code != 0 and "--role" in result.output
+
+
+def test_an_actor_is_refused_learner_ranks_and_a_population() -> None:
+    ranks = CliRunner().invoke(
+        main, ["--participant-id", "a", "--role", "actor", "--learners", "2"]
+    )
+    population = CliRunner().invoke(
+        main, ["--participant-id", "a", "--role", "actor", "--mode", "pbt"]
+    )
+
+    assert ranks.exit_code != 0 and "--role actor trains nothing" in ranks.output
+    assert "drop --learners, or use --role learner" in ranks.output
+    assert population.exit_code != 0 and "every member trains its own weights" in population.output
+
+
+def test_an_engine_that_only_acts_is_refused_learner_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    place = RankPlace(0, 1, 0, 1, "127.0.0.1", free_port())
+    # The group writes torchrun's variables into the environment: undone after the test.
+    for key, value in place.env().items():
+        monkeypatch.setenv(key, value)
+    group = RankGroup(place, "cpu")
+    try:
+        with pytest.raises(ValueError, match="only acts trains nothing"):
+            TrainingEngine(
+                EngineConfig(workers=0, eval_interval=0), SMALL, learn=False, ranks=group
+            )
+    finally:
+        group.close()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

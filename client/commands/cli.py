@@ -22,6 +22,15 @@ from fedrl.client.commands.backtest import backtest
 from fedrl.client.commands.config import TrainConfig, check_algorithm_options
 from fedrl.client.commands.export import export_command
 from fedrl.client.commands.game_defaults import describe, with_game_defaults
+from fedrl.client.commands.gpu_stats import GpuMonitor
+from fedrl.client.commands.learners import (
+    SignalHandlers,
+    launch_learners,
+    restore_signals,
+    run_rank,
+    stop_on_signals,
+    with_default_workers,
+)
 from fedrl.client.commands.plot import plot_command
 from fedrl.client.commands.progress import ProgressReporter, TrainingProgress, mean_epsilon
 from fedrl.client.commands.record import record_command
@@ -32,13 +41,15 @@ from fedrl.client.federation.channel import ChannelSecurityError
 from fedrl.client.federation.errors import ServerCallError, SyncError
 from fedrl.client.federation.federation_client import FederationClient
 from fedrl.client.federation.model_spec import model_spec
+from fedrl.client.federation.population import PopulationError, PopulationMember
 from fedrl.client.federation.sync_loop import SyncLoop
+from fedrl.client.training.distributed import RankFailureError, RankGroup, RankPlace
 from fedrl.client.training.engine import Counters, PollResult, TrainingEngine
 from fedrl.client.training.learner import Learner
 from fedrl.client.training.memory import memory_use
 from fedrl.common.config_cli import config_options, refuse_options_before_a_command, takes_config
 from fedrl.common.identity import validate_participant_id
-from fedrl.common.status_table import render_status
+from fedrl.common.status_table import hyperparameter_text, render_status
 from fedrl.common.tls import TlsMaterialError
 from fedrl.proto.v1 import federation_pb2 as pb
 
@@ -71,7 +82,13 @@ def main(ctx: click.Context, /, config: TrainConfig) -> None:
     try:
         check_algorithm_options(config, given)
         check_bundle_identity(config)
-        config, settings = with_game_defaults(config, given)
+        # torchrun's variables make this process one rank; --learners starts the ranks here.
+        place = RankPlace.from_env()
+        ranked = place is not None and place.world_size > 1
+        # Every rank on this machine keeps a replay of its own: a game's replay
+        # fills its share of the memory.
+        replays = place.local_world_size if place is not None and ranked else config.learners
+        config, settings = with_game_defaults(config, given, replays=replays)
         if settings and config.episodes:
             click.echo(f"game settings for {config.engine.env}: {describe(settings)}", err=True)
         if config.episodes == 0:
@@ -79,24 +96,53 @@ def main(ctx: click.Context, /, config: TrainConfig) -> None:
                 raise click.UsageError("--episodes 0 shows the session's status: drop --offline")
             print_status(config)
             return
-        if config.offline:
-            if not config.participant_id:
-                raise click.UsageError("--participant-id is required to train")
-            train_offline(config)
+        if config.offline and not config.participant_id:
+            raise click.UsageError("--participant-id is required to train")
+        if not config.offline:
+            config = resolve_participant_id(config)
+        if place is not None and ranked:
+            if "workers" not in given:
+                config = with_default_workers(config, place.local_world_size)
+            run_rank(config, place, train)
+        elif config.learners > 1:
+            if "workers" not in given:
+                config = with_default_workers(config, config.learners)
+            launch_learners(config, train)
         else:
-            train_federated(resolve_participant_id(config))
-    except (ValueError, StateError, SyncError, ServerCallError, TlsMaterialError) as exc:
+            train(config)
+    except (
+        ValueError,
+        StateError,
+        SyncError,
+        ServerCallError,
+        TlsMaterialError,
+        RankFailureError,
+        PopulationError,
+    ) as exc:
         raise click.ClickException(str(exc)) from exc
 
 
-def train_offline(config: TrainConfig) -> Counters:
+def train(config: TrainConfig, ranks: RankGroup | None = None) -> Counters:
+    """Train alone, with the session or in its population, here or as rank 0 of `ranks`."""
+    if config.offline:
+        return train_offline(config, ranks)
+    if config.mode == "pbt":
+        return train_population(config, ranks)
+    return train_federated(config, ranks)
+
+
+def train_offline(config: TrainConfig, ranks: RankGroup | None = None) -> Counters:
     """Trains alone until the episode or step budget, resuming from and saving to the state dir.
 
-    Ctrl-C or SIGTERM stops at the next round and saves everything first.
+    Ctrl-C or SIGTERM stops at the next round and saves everything first. As
+    rank 0 of several learners, so does another rank's death, before the
+    error is raised.
     """
-    engine = TrainingEngine(config.engine, config.learner_config, network=config.network)
+    engine = TrainingEngine(
+        config.engine, config.learner_config, network=config.network, ranks=ranks
+    )
     state = open_state_dir(config, engine)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = _stop_signals(engine, ranks)
     try:
         echo_memory(engine)
         autosave = Autosaver(
@@ -120,6 +166,7 @@ def train_offline(config: TrainConfig) -> Counters:
             target=goal,
             epsilon=_epsilon(config),
             replay_size=lambda: engine.replay_size,
+            gpus=_gpu_monitor(reporter),
         )
 
         def on_poll(result: PollResult) -> None:
@@ -129,13 +176,18 @@ def train_offline(config: TrainConfig) -> Counters:
         def done(c: Counters) -> bool:
             return c.episodes >= goal or 0 < config.max_env_steps <= c.env_steps
 
+        failure: RankFailureError | None = None
         try:
             engine.run(done, on_poll=on_poll)
         except KeyboardInterrupt:
             reporter.write("interrupted: saving")
+        except RankFailureError as exc:
+            failure = exc
         finally:
             reporter.close()
         autosave.save_all()
+        if failure is not None:
+            raise _saved_after(failure, engine.counters, state.path)
         counters = engine.counters
         click.echo(
             f"stopped at episode {counters.episodes}, {counters.env_steps} env steps; "
@@ -146,10 +198,10 @@ def train_offline(config: TrainConfig) -> Counters:
     finally:
         engine.close()
         state.close()
-        signal.signal(signal.SIGTERM, previous)
+        restore_signals(previous)
 
 
-def train_federated(config: TrainConfig) -> Counters:
+def train_federated(config: TrainConfig, ranks: RankGroup | None = None) -> Counters:
     """Trains with the session on config.server until this run's episodes or the session goal.
 
     The session is joined before anything is written, so a refused model
@@ -162,9 +214,10 @@ def train_federated(config: TrainConfig) -> Counters:
         config.learner_config,
         network=config.network,
         learn=config.role == "learner",
+        ranks=ranks,
     )
     state = open_state_dir(config, engine)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = _stop_signals(engine, ranks)
     sync: SyncLoop | None = None
     try:
         echo_memory(engine)
@@ -213,10 +266,13 @@ def train_federated(config: TrainConfig) -> Counters:
             target=start + config.episodes,
             epsilon=_epsilon(config),
             replay_size=lambda: engine.replay_size,
+            gpus=_gpu_monitor(reporter),
         )
         interrupted = False
+        failure: RankFailureError | None = None
         try:
-            while True:
+            # As rank 0 of several, a stop takes effect once the ranks agree on it.
+            while not engine.stopping:
                 result = engine.poll()
                 autosave(result)
                 sync.after_poll(result)
@@ -224,18 +280,22 @@ def train_federated(config: TrainConfig) -> Counters:
                 progress(counters, result, sync.view)
                 if sync.goal_reached:
                     reporter.write("the session reached its goal")
-                    break
-                if counters.episodes - start >= config.episodes or (
+                    engine.request_stop()
+                elif counters.episodes - start >= config.episodes or (
                     0 < config.max_env_steps <= counters.env_steps
                 ):
-                    break
+                    engine.request_stop()
         except KeyboardInterrupt:
             interrupted = True
             reporter.write("interrupted: pushing and saving")
+        except RankFailureError as exc:
+            failure = exc
         finally:
             reporter.close()
-        left = sync.finish(flush_timeout_s=10.0 if interrupted else 60.0)
+        left = sync.finish(flush_timeout_s=10.0 if interrupted or failure else 60.0)
         autosave.save_all()
+        if failure is not None:
+            raise _saved_after(failure, engine.counters, state.path)
         counters = engine.counters
         view = sync.view
         click.echo(
@@ -253,7 +313,109 @@ def train_federated(config: TrainConfig) -> Counters:
             sync.close()
         engine.close()
         state.close()
-        signal.signal(signal.SIGTERM, previous)
+        restore_signals(previous)
+
+
+def train_population(config: TrainConfig, ranks: RankGroup | None = None) -> Counters:
+    """Trains as a member of the population session on config.server (population-based training).
+
+    Alone, with its own hyperparameters; after every evaluation it reports its
+    model and score, and when ranked into the bottom copies a better member's
+    weights and explores (fedrl.client.federation.population). Stops, saves and
+    ends with the session's status as train_federated does.
+    """
+    engine = TrainingEngine(
+        config.engine, config.learner_config, network=config.network, ranks=ranks
+    )
+    state = open_state_dir(config, engine)
+    previous = _stop_signals(engine, ranks)
+    member: PopulationMember | None = None
+    try:
+        echo_memory(engine)
+        autosave = Autosaver(
+            state,
+            engine,
+            model_every=config.save_model_every,
+            progress_every=config.save_progress_every,
+        )
+        autosave.resume()
+        spec = model_spec(
+            config.engine.env,
+            engine.weights(),
+            state.identity.architecture,
+            data=config.engine.data,
+        )
+        member = PopulationMember(
+            engine,
+            participant_id=config.participant_id,
+            session=config.session,
+            spec=spec,
+            channel_factory=lambda: _channel(config),
+            on_record=lambda record: state.append_metrics([record]),
+        )
+        member.start()
+        click.echo(
+            f"{state.participant_id}: member of population {config.session!r}, generation "
+            f"{member.generation}, {hyperparameter_text(engine.hyperparameters())}",
+            err=True,
+        )
+        engine.start()
+        start = engine.counters.episodes
+        reporter = ProgressReporter(interval_s=config.log_interval)
+        progress = TrainingProgress(
+            reporter,
+            target=start + config.episodes,
+            epsilon=_epsilon(config),
+            replay_size=lambda: engine.replay_size,
+            gpus=_gpu_monitor(reporter),
+        )
+        interrupted = False
+        failure: RankFailureError | None = None
+        try:
+            while not engine.stopping:
+                result = engine.poll()
+                autosave(result)
+                generation = member.generation
+                member.after_poll(result)
+                if member.generation != generation:
+                    # The copied model is this member's now: keep it before anything else.
+                    autosave.save_all()
+                counters = engine.counters
+                progress(counters, result, generation=member.generation)
+                if member.goal_reached:
+                    reporter.write("the session reached its goal")
+                    engine.request_stop()
+                elif counters.episodes - start >= config.episodes or (
+                    0 < config.max_env_steps <= counters.env_steps
+                ):
+                    engine.request_stop()
+        except KeyboardInterrupt:
+            interrupted = True
+            reporter.write("interrupted: reporting and saving")
+        except RankFailureError as exc:
+            failure = exc
+        finally:
+            reporter.close()
+        member.finish(timeout_s=10.0 if interrupted or failure else 60.0)
+        autosave.save_all()
+        if failure is not None:
+            raise _saved_after(failure, engine.counters, state.path)
+        counters = engine.counters
+        click.echo(
+            f"stopped at episode {counters.episodes} ({counters.episodes - start} this run), "
+            f"{counters.env_steps} env steps; generation {member.generation}, "
+            f"{member.reports} reports taken; best local evaluation {_fmt(counters.best_eval)}; "
+            f"state in {state.path}",
+            err=True,
+        )
+        _echo_status(member.status(), state.path)
+        return counters
+    finally:
+        if member is not None:
+            member.close()
+        engine.close()
+        state.close()
+        restore_signals(previous)
 
 
 def open_state_dir(config: TrainConfig, engine: TrainingEngine) -> StateDir:
@@ -374,8 +536,31 @@ def _epsilon(config: TrainConfig) -> float | None:
     )
 
 
+def _gpu_monitor(reporter: ProgressReporter) -> GpuMonitor:
+    """The GPUs for the progress line; where there are none, the run says so once."""
+    monitor = GpuMonitor()
+    if monitor.none_reason is not None:
+        reporter.write(f"gpus: none ({monitor.none_reason})")
+    return monitor
+
+
+def _stop_signals(engine: TrainingEngine, ranks: RankGroup | None) -> SignalHandlers:
+    """SIGTERM as Ctrl-C: alone, both interrupt at once; as ranks, both stop them at a round."""
+    if ranks is not None:
+        return stop_on_signals(engine)
+    return {signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_interrupt)}
+
+
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
+
+
+def _saved_after(failure: RankFailureError, counters: Counters, path: Path) -> RankFailureError:
+    return RankFailureError(
+        f"{failure}. The run's state is saved at episode {counters.episodes} "
+        f"({counters.env_steps} env steps) in {path}: run the same command to resume, with "
+        "any --learners"
+    )
 
 
 def _fmt(value: float | None) -> str:

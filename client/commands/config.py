@@ -31,6 +31,11 @@ from fedrl.common.config_cli import doc, section
 Role = Literal["learner", "actor"]
 """Whether a participant trains (learner) or only acts for the session's learners (actor)."""
 Algorithm = Literal["dqn", "ppo"]
+Mode = Literal["federated", "pbt"]
+
+PPO_FOLLOWS_LEARNER = ("seed", "device", "amp")
+"""PPOConfig fields without options: seeded from the engine's seed stream, the rest the
+learner section's (TrainConfig.learner_config)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,16 @@ class TrainConfig:
         default="default", metadata=doc("Session to join; the first participant creates it.")
     )
     offline: bool = field(default=False, metadata=doc("Train alone, without a server."))
+    mode: Mode = field(
+        default="federated",
+        metadata=doc(
+            "With a server: federated (weight deltas averaged into global versions, experience "
+            "shared) or pbt (population-based training: the session is a population; this "
+            "participant trains alone with its own hyperparameters, reports its model after "
+            "every evaluation, and when it ranks in the bottom copies a better member and "
+            "explores). The session's first participant fixes it."
+        ),
+    )
     algo: Algorithm = field(
         default="dqn",
         metadata=doc(
@@ -102,6 +117,14 @@ class TrainConfig:
             "reset it to the adopted model, or keep it."
         ),
     )
+    learners: int = field(
+        default=1,
+        metadata=doc(
+            "Data-parallel learner ranks (torch.distributed: NCCL on CUDA, one GPU each; gloo on "
+            "the CPU), each with its own --workers actors and replay, gradients averaged every "
+            "step; rank 0 saves, logs and federates. Under torchrun, WORLD_SIZE sets it."
+        ),
+    )
     tls: ConnectionSecurity = field(
         default_factory=ConnectionSecurity,
         metadata=section("How to reach the server: TLS material, a token, or plaintext."),
@@ -153,7 +176,7 @@ class TrainConfig:
     ppo: PPOConfig = field(
         default_factory=PPOConfig,
         # Seeded from the engine's seed stream; device and amp are the learner section's.
-        metadata=section("The PPO learner (--algo ppo).", omit=("seed", "device", "amp")),
+        metadata=section("The PPO learner (--algo ppo).", omit=PPO_FOLLOWS_LEARNER),
     )
     exchange: ExchangeConfig = field(
         default_factory=ExchangeConfig,
@@ -175,9 +198,26 @@ class TrainConfig:
                 refuse_for_ppo(["share"])
             if self.role == "actor":
                 refuse_for_ppo(["role"])
-        for name in ("save_model_every", "save_progress_every", "sync_interval"):
+        if self.mode not in ("federated", "pbt"):
+            raise ValueError(f"mode must be federated or pbt, got {self.mode!r}")
+        if self.mode == "pbt" and self.offline:
+            raise ValueError("--mode pbt trains in a population on a server: drop --offline")
+        if self.mode == "pbt" and self.engine.eval_interval == 0:
+            raise ValueError(
+                "--mode pbt ranks members by their greedy evaluation: give --eval-interval > 0"
+            )
+        if self.mode == "pbt" and self.role == "actor":
+            raise ValueError(
+                "--mode pbt: every member trains its own weights; --role actor trains none"
+            )
+        for name in ("save_model_every", "save_progress_every", "sync_interval", "learners"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.learners > 1 and self.role == "actor":
+            raise ValueError(
+                f"--learners {self.learners} runs data-parallel learner ranks, and --role actor "
+                "trains nothing: drop --learners, or use --role learner"
+            )
         for name in ("episodes", "total_episodes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -250,11 +290,10 @@ def check_algorithm_options(config: TrainConfig, given: Set[str]) -> None:
             refuse_for_ppo(named)
     else:
         # --seed, --device and --amp are the engine's and the learner's, not PPO's own.
-        shared = ("seed", "device", "amp")
         named = [
             f.name
             for f in dataclasses.fields(PPOConfig)
-            if f.name in given and f.name not in shared
+            if f.name in given and f.name not in PPO_FOLLOWS_LEARNER
         ]
         if named:
             flags = ", ".join("--" + name.replace("_", "-") for name in named)

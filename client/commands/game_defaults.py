@@ -4,9 +4,11 @@ The training defaults are tuned on CartPole (fedrl.client.training.learner),
 and a Nature CNN on Atari wants others: the DQN settings of Mnih et al.
 (2015) with Adam at 1e-4 (Hessel et al. 2018 use 6.25e-5 with a larger
 budget), one update per 4 env steps, a replay filling half the memory
-available up to 1M transitions, and evaluations of whole games that stop a
-greedy policy stuck without serving (Breakout) after 4,500 steps; for PPO,
-the Atari settings of Schulman et al. (2017, table 5) as CleanRL runs them.
+available up to 1M transitions (split among the learner ranks of
+--learners, each of which keeps its own), and evaluations of whole games
+that stop a greedy policy stuck without serving (Breakout) after 4,500
+steps; for PPO, the Atari settings of Schulman et al. (2017, table 5) as
+CleanRL runs them.
 An option given on the command line always wins.
 """
 
@@ -17,7 +19,7 @@ from collections.abc import Set
 from typing import Any
 
 from fedrl.client.commands.config import TrainConfig
-from fedrl.client.training.memory import fitting_capacity
+from fedrl.client.training.memory import RAM_SHARE, fitting_capacity
 from fedrl.envs.atari import FRAME_SIZE, FRAME_STACK, is_atari
 
 GAME_ENGINE: dict[str, Any] = {
@@ -61,11 +63,17 @@ GAME_PPO: dict[str, Any] = {
 """PPOConfig fields for games."""
 
 
-def with_game_defaults(config: TrainConfig, given: Set[str]) -> tuple[TrainConfig, dict[str, Any]]:
+def with_game_defaults(
+    config: TrainConfig, given: Set[str], *, replays: int = 1
+) -> tuple[TrainConfig, dict[str, Any]]:
     """The config with the game settings for every option not in `given`, and those settings.
 
-    Other envs get the config as it is and no settings.
+    DQN's replay capacity takes a `replays`-th of the memory a lone replay
+    would (one replay per learner rank on this machine). Other envs get the
+    config as it is and no settings.
     """
+    if replays < 1:
+        raise ValueError(f"replays must be at least 1, got {replays}")
     if not is_atari(config.engine.env):
         return config, {}
     if config.algo == "ppo":
@@ -73,7 +81,8 @@ def with_game_defaults(config: TrainConfig, given: Set[str]) -> tuple[TrainConfi
     else:
         obs_shape = (FRAME_STACK, FRAME_SIZE, FRAME_SIZE)
         engine, ppo, exchange = dict(GAME_ENGINE), {}, dict(GAME_EXCHANGE)
-        learner = GAME_LEARNER | {"replay_capacity": fitting_capacity(obs_shape)}
+        capacity = fitting_capacity(obs_shape, share=RAM_SHARE / replays)
+        learner = GAME_LEARNER | {"replay_capacity": capacity}
     engine, learner, ppo, exchange = (
         {k: v for k, v in d.items() if k not in given} for d in (engine, learner, ppo, exchange)
     )

@@ -9,7 +9,9 @@ JSON object per line with a `kind`:
 - `eval`: `mean`, `std` of a greedy evaluation, `best` so far, `updates`;
 - `train`: `updates`, `loss` after an episode batch, and DQN's `q_mean`,
   `replay_size` or PPO's `policy_loss`, `value_loss`, `entropy`, `approx_kl`;
-- `sync`: `version`, `sequence`, `active_participants` at a push.
+- `sync`: `version`, `sequence`, `active_participants` at a push;
+- `exploit` (population members): `generation`, `donor`, `hyperparameters`
+  when the member copied a better member and explored.
 
 Any record with a finite `loss` contributes to the loss curve, and env
 steps/s is derived from consecutive (`time`, `env_steps`) pairs, so the
@@ -327,6 +329,13 @@ def eval_figure(log: MetricsLog) -> Figure | None:
     ax.fill_between(steps, mean - std, mean + std, color="tab:green", alpha=0.2, label="± std")
     ax.plot(steps, mean, color="tab:green", marker="o", markersize=3, label="mean")
     ax.plot(steps, np.maximum.accumulate(mean), color="black", linestyle=":", label="best so far")
+    for index, exploit in enumerate(log.kind("exploit")):
+        ax.axvline(
+            float(exploit["env_steps"]),
+            color="tab:orange",
+            linewidth=1,
+            label="copied a better member (population)" if index == 0 else None,
+        )
     ax.legend(loc="best")
     return fig
 
@@ -414,6 +423,58 @@ def global_figure(session: pb.SessionState) -> Figure | None:
     return fig
 
 
+def population_figure(session: pb.SessionState) -> Figure | None:
+    """Each member's hyperparameters over its env steps, one panel per hyperparameter.
+
+    A member's line starts at the values it joined with and steps to new ones
+    at each exploit, marked ▼ with the member it copied: lineage and
+    hyperparameter history in one picture.
+    """
+    from matplotlib.figure import Figure  # noqa: PLC0415 (optional extra)
+
+    if not session.lineage:
+        return None
+    names = sorted({name for g in session.lineage for name in g.hyperparameters})
+    reached = {m.participant_id: m.env_steps for m in session.members}
+    members = list(dict.fromkeys(g.participant_id for g in session.lineage))
+    fig = Figure(figsize=(9, 2.2 * len(names) + 1), layout="constrained")
+    axes = fig.subplots(len(names), 1, sharex=True, squeeze=False)[:, 0]
+    names_font = _unicode_family()
+    fig.suptitle(
+        f"Population {session.session}: hyperparameters by member (▼ copied a better member)",
+        fontfamily=names_font,
+    )
+    colors = {pid: f"C{index % 10}" for index, pid in enumerate(members)}
+    for ax, name in zip(axes, names, strict=True):
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+        for pid in members:
+            generations = sorted(
+                (g for g in session.lineage if g.participant_id == pid),
+                key=lambda g: g.generation,
+            )
+            xs = [float(g.env_steps) for g in generations]
+            ys = [g.hyperparameters.get(name, math.nan) for g in generations]
+            end = float(max(reached.get(pid, 0), xs[-1]))
+            ax.step([*xs, end], [*ys, ys[-1]], where="post", color=colors[pid], label=pid)
+            for g in generations[1:]:
+                ax.plot(g.env_steps, g.hyperparameters.get(name, math.nan), "v", color=colors[pid])
+                if name == names[0]:
+                    ax.annotate(
+                        g.donor,
+                        (g.env_steps, g.hyperparameters.get(name, math.nan)),
+                        textcoords="offset points",
+                        xytext=(4, 4),
+                        fontsize=8,
+                        fontfamily=names_font,
+                    )
+        if name in ("lr", "target_update_interval"):
+            ax.set_yscale("log")
+    axes[0].legend(loc="best", prop={"family": names_font})
+    axes[-1].set_xlabel("the member's env steps")
+    return fig
+
+
 def write_plots(
     out: Path,
     log: MetricsLog | None,
@@ -436,6 +497,12 @@ def write_plots(
         ]
     if status is not None:
         for session in status.sessions:
+            if session.mode == "pbt":
+                name = f"population-{safe_dirname(session.session)}.png"
+                figures.append(
+                    (name, population_figure(session), f"session {session.session}: no members")
+                )
+                continue
             name = f"global-{safe_dirname(session.session)}.png"
             figures.append(
                 (name, global_figure(session), f"session {session.session}: no versions")

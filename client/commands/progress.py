@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from tqdm import tqdm
 
+from fedrl.client.commands.gpu_stats import GpuMonitor
 from fedrl.client.training.engine import Counters, PollResult
 from fedrl.client.training.exploration import apex_epsilons
 
 if TYPE_CHECKING:
     from fedrl.client.federation.server_link import ServerView
 
-FieldValue = int | float | None
+FieldValue = int | float | str | None
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,17 @@ PROGRESS_FIELDS: tuple[ProgressField, ...] = (
         "session_episodes", "session", "Federated: episodes done by the whole session.", 0
     ),
     ProgressField("session_goal", "goal", "Federated: the session's total-episodes goal.", 0),
+    ProgressField(
+        "generation", "gen", "Population (--mode pbt): exploits this member has made so far.", 0
+    ),
+    ProgressField(
+        "gpus",
+        "gpu",
+        "Per GPU, from NVIDIA's management library: index:utilisation%/used of total "
+        "GiB/temperature, e.g. 0:87%/3.1of80GiB/61C. Absent without GPUs, which the run "
+        "says once at its start.",
+        0,
+    ),
 )
 FIELDS_BY_NAME: Mapping[str, ProgressField] = {f.name: f for f in PROGRESS_FIELDS}
 
@@ -75,6 +87,8 @@ def format_value(field: ProgressField, value: FieldValue) -> str:
     """A field's value as shown: "-" while unknown, thousands as "12.3k" only on the bar."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
+    if isinstance(value, str):
+        return value
     if field.digits == 0:
         return str(round(value))
     return f"{value:.{field.digits}f}"
@@ -83,7 +97,7 @@ def format_value(field: ProgressField, value: FieldValue) -> str:
 def _compact(value: FieldValue, field: ProgressField) -> str:
     # The bar shares one terminal line with tqdm's own counters, so large
     # counts are abbreviated there; log lines keep the exact numbers.
-    if value is not None and field.digits == 0 and abs(value) >= 10_000:
+    if isinstance(value, int | float) and field.digits == 0 and abs(value) >= 10_000:
         return f"{value / 1000:.1f}k" if abs(value) < 10_000_000 else f"{value / 1e6:.1f}M"
     return format_value(field, value)
 
@@ -262,9 +276,11 @@ class TrainingProgress:
         target: int,
         epsilon: float | None,
         replay_size: Callable[[], int | None],
+        gpus: GpuMonitor | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._reporter = reporter
+        self._gpus = gpus
         self._target = target
         self._epsilon = epsilon
         self._replay_size = replay_size
@@ -274,7 +290,12 @@ class TrainingProgress:
         self._loss: float | None = None
 
     def __call__(
-        self, counters: Counters, result: PollResult, view: ServerView | None = None
+        self,
+        counters: Counters,
+        result: PollResult,
+        view: ServerView | None = None,
+        *,
+        generation: int | None = None,
     ) -> None:
         now = self._clock()
         if "loss" in result.train_metrics:
@@ -291,6 +312,10 @@ class TrainingProgress:
             "replay_size": self._replay_size(),
             "loss": self._loss,
         }
+        if generation is not None:
+            fields["generation"] = generation
+        if self._gpus is not None and self._gpus.found:
+            fields["gpus"] = self._gpus.brief()
         if view is not None:
             fields["version"] = view.version if view.version >= 0 else None
             fields["participants"] = view.active_participants

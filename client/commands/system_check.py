@@ -60,6 +60,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from fedrl.client.commands.game_defaults import GAME_ENGINE
+from fedrl.client.commands.gpu_stats import GpuMonitor, GpuReading
 from fedrl.client.federation.channel import ConnectionSecurity, is_loopback_target
 from fedrl.client.training.cnn import is_image
 from fedrl.client.training.engine import EngineConfig, available_cores
@@ -167,6 +168,10 @@ class Machine:
     cuda: str | None
     gpus: tuple[Gpu, ...]
     versions: dict[str, str]
+    gpu_readings: tuple[GpuReading, ...] = ()
+    """Every GPU as NVIDIA's management library sees it now: utilisation, memory, temperature."""
+    gpu_readings_missing: str | None = None
+    """Why there are no readings, in words; None when there are."""
 
 
 @dataclass(frozen=True)
@@ -265,6 +270,11 @@ def machine_facts() -> Machine:
                     bf16=bf16,
                 )
             )
+    monitor = GpuMonitor()
+    try:
+        readings = monitor.read()
+    finally:
+        monitor.close()
     versions = {"python": platform.python_version(), "torch": torch.__version__}
     for package in ("grpcio", "protobuf", "numpy", "gymnasium", "fedrl"):
         with contextlib.suppress(metadata.PackageNotFoundError):
@@ -279,6 +289,8 @@ def machine_facts() -> Machine:
         cuda=torch.version.cuda if torch.cuda.is_available() else None,
         gpus=tuple(gpus),
         versions=versions,
+        gpu_readings=readings,
+        gpu_readings_missing=monitor.none_reason,
     )
 
 
@@ -951,6 +963,10 @@ def render(report: Report) -> str:
             )
     else:
         lines.append("  gpu        none (CUDA not available to torch)")
+    if m.gpu_readings:
+        lines += [f"  nvml       {reading.line()}" for reading in m.gpu_readings]
+    else:
+        lines.append(f"  nvml       no GPU readings: {m.gpu_readings_missing}")
     lines.append("  versions   " + ", ".join(f"{k} {v}" for k, v in m.versions.items()))
     if report.server is not None:
         s = report.server

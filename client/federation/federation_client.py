@@ -188,8 +188,13 @@ class FederationClient:
         """Chunk size to send: the server's, or the protocol default before join()."""
         return self.config.chunk_bytes or DEFAULT_CHUNK_BYTES
 
-    async def join(self, spec: tpb.ModelSpec, *, client_version: str = "") -> pb.JoinReply:
-        """Enter the session; SpecMismatchError when the local model does not fit it."""
+    async def join(
+        self, spec: tpb.ModelSpec, *, client_version: str = "", mode: str = ""
+    ) -> pb.JoinReply:
+        """Enter the session; SpecMismatchError when the local model (or `mode`) does not fit it.
+
+        `mode` "pbt" joins (or creates) a population session instead of an averaging one.
+        """
         digest = spec_hash(spec)
         request = pb.JoinRequest(
             session=self.session,
@@ -197,6 +202,7 @@ class FederationClient:
             spec=spec,
             spec_hash=digest,
             client_version=client_version,
+            mode=mode,
         )
         try:
             reply: pb.JoinReply = await self._unary(self._stub.Join, request, "join")
@@ -271,18 +277,14 @@ class FederationClient:
             codec=cast(tpb.Codec, codec),
         )
         what = "pull of the global model"
+        call = self._stub.PullModel(
+            request, metadata=self._metadata, timeout=self._timeouts.transfer_s
+        )
+        header, tensors = await self._receive_model(call, what)
         try:
-            call = self._stub.PullModel(
-                request, metadata=self._metadata, timeout=self._timeouts.transfer_s
-            )
-            header, tensors = await self._assemble_model(call)
             if header.is_delta:
                 tensors = _apply_delta(header, tensors, have)
-        except grpc.aio.AioRpcError as exc:
-            raise _translate(exc, what) from None
         except DecodeError as exc:
-            # A corrupt stream may be a cut connection as well as a bad server:
-            # nothing was adopted, so asking again is safe.
             raise UnavailableError(f"{what}: {exc}") from None
         return GlobalModel(
             version=header.version,
@@ -354,6 +356,19 @@ class FederationClient:
             )
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, what) from None
+
+    async def _receive_model(
+        self, call: AsyncIterator[pb.ModelChunk], what: str
+    ) -> tuple[pb.ModelHeader, NamedTensors]:
+        """A model stream's header and tensors, its failures as this module's errors."""
+        try:
+            return await self._assemble_model(call)
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc, what) from None
+        except DecodeError as exc:
+            # A corrupt stream may be a cut connection as well as a bad server:
+            # nothing was adopted, so asking again is safe.
+            raise UnavailableError(f"{what}: {exc}") from None
 
     async def _assemble_model(
         self, call: AsyncIterator[pb.ModelChunk]

@@ -22,6 +22,7 @@ import atexit
 import collections
 import contextlib
 import copy
+import dataclasses
 import math
 import multiprocessing as mp
 import os
@@ -46,10 +47,17 @@ from fedrl.client.training.actor import (
     parse_fill,
     slot_capacity,
 )
+from fedrl.client.training.distributed import RankGroup, RoundLedger, RoundOutcome, outcome_of
 from fedrl.client.training.evaluation import EvalResult, Evaluator, Scorer, greedy_policy
 from fedrl.client.training.frame_actor import FrameActorCore, FrameActorSpec
 from fedrl.client.training.frame_segment import FrameSegment
 from fedrl.client.training.frame_slots import FrameLayout, FrameSlot
+from fedrl.client.training.hyperparameters import (
+    Hyperparameters,
+    actors_need_restart,
+    read_hyperparameters,
+    with_hyperparameters,
+)
 from fedrl.client.training.learner import Learner, LearnerConfig, TargetAtAdoption
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.ppo_actor import PPOActorCore, PPOActorSpec
@@ -221,6 +229,8 @@ class _ActorHandle:
     filled_slots: Connection
     slots: range
     restarts: int = 0
+    generation: int = 0
+    """Lives before this one (restarts and respawns with new hyperparameters): its seed stream."""
 
 
 class TrainingEngine:
@@ -234,14 +244,28 @@ class TrainingEngine:
         network: NetworkConfig = DEFAULT_NETWORK,
         recent_window: int = 100,
         learn: bool = True,
+        ranks: RankGroup | None = None,
     ) -> None:
         """A PPOConfig trains PPO, a LearnerConfig DQN; `network` picks the torso of either.
 
         `learn=False` (DQN only) makes an engine that only acts: its actors play
         whatever model it is given and its batches go to the on_batch hooks,
         but nothing is stored or trained (a participant in the actor role).
+        `ranks` makes this engine one learner rank of several
+        (fedrl.client.training.distributed): every poll then starts with the
+        ranks' exchange, counters are the sum over the ranks, and only rank 0
+        evaluates.
         """
         self.config = config
+        self._ranks = ranks
+        # Counted here until the next exchange reports them to every rank.
+        self._ledger = RoundLedger() if ranks is not None else None
+        self._all_ready = False
+        self._stop_requested = False
+        self._stopping = False
+        # Rank 0 shares its learner's whole state at start, and again after
+        # anything but training changed it (resume, adoption, hyperparameters).
+        self._state_changed = True
         self._seeds = np.random.SeedSequence(config.seed)
         actor_seeds, eval_seed, learner_seed = self._seeds.spawn(3)
         self._actor_seed_root = actor_seeds
@@ -256,6 +280,11 @@ class TrainingEngine:
         self.obs_shape, self.n_actions = shape.obs_shape, shape.n_actions
         if not learn and on_policy:
             raise ValueError("PPO learns from its own rollouts: it has no acting-only role")
+        if not learn and ranks is not None:
+            raise ValueError(
+                "an engine that only acts trains nothing, so it has no learner ranks to run: "
+                "use one learner, or the learner role"
+            )
         self.learns = learn
         # DQN on Atari's frame stacks: actors hand over single frames, the replay keeps
         # each once. (Other image envs send whole observations, whose frames the replay
@@ -268,6 +297,7 @@ class TrainingEngine:
                 shape=shape,
                 config=replace(learner_config, seed=_seed_of(learner_seed)),
                 network=network,
+                gradients=ranks,
             )
         else:
             seeded = replace(learner_config, seed=_seed_of(learner_seed))
@@ -276,6 +306,7 @@ class TrainingEngine:
                 n_actions=self.n_actions,
                 config=seeded,
                 network=network,
+                gradients=ranks,
             )
         self._batch_hooks: list[Callable[[LearnerTransitions], None]] = []
         self._evaluator = (
@@ -287,7 +318,7 @@ class TrainingEngine:
                 max_steps=config.eval_max_steps,
                 window=network.window,
             )
-            if config.eval_interval
+            if config.eval_interval and (ranks is None or ranks.leads)
             else None
         )
         self._episodes = 0
@@ -316,6 +347,7 @@ class TrainingEngine:
         self._rollouts: dict[int, tuple[int, Rollout]] = {}
         self._spent: dict[int, int] = {}
         self._started = False
+        self._serial_generation = 0
 
     @property
     def on_policy(self) -> bool:
@@ -337,19 +369,15 @@ class TrainingEngine:
         # A last resort for callers that forget close(): actors and segments go at exit.
         atexit.register(self.close)
         torch.set_num_threads(self.config.learner_threads)
+        if self._ranks is not None:
+            self._share_state()
         workers = self.config.workers
         # PPO alternates collection and learning, each waiting for the other,
         # so one actor process would overlap with nothing: it runs in this
         # process instead, with the same seeds and so the same results, minus
         # a spawn and a copy through shared memory.
         if workers == 0 or (self.on_policy and workers == 1):
-            spec = self._actor_spec(0, num_actors=1, generation=0)
-            if isinstance(spec, FrameActorSpec):
-                self._serial = FrameActorCore(spec)
-            elif isinstance(spec, ActorSpec):
-                self._serial = ActorCore(spec)
-            else:
-                self._serial = PPOActorCore(spec)
+            self._serial = self._serial_actor(generation=0)
             self._serial.load_weights(self.learner.weights(), 0)
             return
         try:
@@ -357,6 +385,15 @@ class TrainingEngine:
         except BaseException:
             self.close()
             raise
+
+    def _serial_actor(self, generation: int) -> ActorCore | PPOActorCore | FrameActorCore:
+        """The one actor that runs in this process, for its `generation`'s seed stream."""
+        spec = self._actor_spec(0, num_actors=1, generation=generation)
+        if isinstance(spec, FrameActorSpec):
+            return FrameActorCore(spec)
+        if isinstance(spec, ActorSpec):
+            return ActorCore(spec)
+        return PPOActorCore(spec)
 
     def _start_processes(self, workers: int) -> None:
         per_actor = self._slots_per_actor
@@ -453,7 +490,9 @@ class TrainingEngine:
             )
         return spec
 
-    def _spawn(self, index: int, slots: range, *, generation: int) -> _ActorHandle:
+    def _spawn(
+        self, index: int, slots: range, *, generation: int, restarts: int = 0
+    ) -> _ActorHandle:
         assert self._ring is not None and self._board is not None
         ctx = mp.get_context("spawn")
         free_recv, free_send = ctx.Pipe(duplex=False)
@@ -481,7 +520,9 @@ class TrainingEngine:
         for slot in slots:
             if slot not in held:  # a held slot goes back after the update
                 free_send.send_bytes(SLOT_FORMAT.pack(slot))
-        return _ActorHandle(spec, process, free_send, filled_recv, slots, restarts=generation)
+        return _ActorHandle(
+            spec, process, free_send, filled_recv, slots, restarts=restarts, generation=generation
+        )
 
     def close(self) -> None:
         """Stops actors and frees every shared-memory segment; safe to call twice."""
@@ -532,13 +573,21 @@ class TrainingEngine:
             raise RuntimeError("call start() (or use the engine as a context manager) first")
         steps_before, updates_before = self._env_steps, self.learner.updates
         rounds_before = self.learner.rounds if isinstance(self.learner, PPOLearner) else 0
-        if isinstance(self.learner, PPOLearner):
+        # The ranks' counts join this rank's only once the round is done: a
+        # round cut short by a dead rank leaves counters and metrics agreeing.
+        counted = self._exchange() if self._ranks is not None else None
+        if self._stopping:
+            metrics, rounds = {}, 0
+        elif isinstance(self.learner, PPOLearner):
             metrics = self._poll_rollouts(self.learner, timeout_s)
             rounds = self.learner.rounds - rounds_before
         else:
             metrics = self._poll_replay(self.learner, timeout_s)
             rounds = 0
         self._check_actors()
+        if counted is not None:
+            self._add_counts(counted.env_steps, counted.episode_returns, counted.episode_lengths)
+            self._foreign_credit += counted.foreign_credit
         evaluation, new_best = self._maybe_evaluate()
         finished, self._returns_log = self._returns_log, []
         return PollResult(
@@ -598,7 +647,7 @@ class TrainingEngine:
                 self._actors[index].free_slots.send_bytes(SLOT_FORMAT.pack(slot))
         for actor, fill in self._receive(timeout_s):
             self._take_fill(actor, fill)
-        if len(self._rollouts) < len(self._actors):
+        if not self._rollouts_complete():
             return {}
         ordered = [self._rollouts[index][1] for index in sorted(self._rollouts)]
         metrics = learner.train(Rollout.concat(ordered))
@@ -613,24 +662,38 @@ class TrainingEngine:
         *,
         on_poll: Callable[[PollResult], None] | None = None,
     ) -> Counters:
-        """Polls until `until(counters)` holds; `on_poll` sees every round (autosave, logging)."""
-        while not until(self.counters):
+        """Polls until `until(counters)` holds; `on_poll` sees every round (autosave, logging).
+
+        As one rank of several it polls until the ranks agree to stop: when
+        `until` holds here or any rank asked to (request_stop).
+        """
+        while True:
+            if until(self.counters):
+                if self._ranks is None:
+                    break
+                self.request_stop()
+            if self._stopping:
+                break
             result = self.poll()
             if on_poll is not None:
                 on_poll(result)
         return self.counters
 
     def _owed_updates(self, learner: Learner) -> int:
-        if not self.learns or not learner.ready():
+        if not self.learns or not (learner.ready() if self._ranks is None else self._all_ready):
             return 0
         if self._steps_when_ready is None:
             self._steps_when_ready = self._env_steps
             self._updates_when_ready = learner.updates
             self._foreign_credit_when_ready = self._foreign_credit
+        # N ranks step together on N batches, so an update per N env steps of
+        # theirs (foreign transitions included) keeps each transition's
+        # expected reuse at the replay ratio.
+        world = 1 if self._ranks is None else self._ranks.world_size
         steps = (self._env_steps - self._steps_when_ready) + (
             self._foreign_credit - self._foreign_credit_when_ready
         )
-        credit = math.floor(self.config.replay_ratio * steps)
+        credit = math.floor(self.config.replay_ratio * steps / world)
         return credit - (learner.updates - self._updates_when_ready)
 
     def _take(
@@ -696,6 +759,17 @@ class TrainingEngine:
         episode_returns: npt.NDArray[np.float64],
         episode_lengths: npt.NDArray[np.int64],
     ) -> None:
+        if self._ledger is not None:
+            self._ledger.hold(env_steps, episode_returns, episode_lengths)
+        else:
+            self._add_counts(env_steps, episode_returns, episode_lengths)
+
+    def _add_counts(
+        self,
+        env_steps: int,
+        episode_returns: npt.NDArray[np.float64],
+        episode_lengths: npt.NDArray[np.int64],
+    ) -> None:
         self._env_steps += env_steps
         self._episodes += len(episode_returns)
         self._recent.extend(float(r) for r in episode_returns)
@@ -718,7 +792,126 @@ class TrainingEngine:
             raise ValueError(f"credit must be >= 0, got {credit}")
         self.learner.add(batch, foreign=True)
         self.foreign_received += len(batch)
-        self._foreign_credit += credit * len(batch)
+        if self._ledger is not None:
+            # Every rank must owe the same updates (each is a collective): the
+            # credit joins theirs at the next exchange. The transitions stay in
+            # this rank's shard.
+            self._ledger.hold_foreign(credit * len(batch))
+        else:
+            self._foreign_credit += credit * len(batch)
+
+    # -- learner ranks -------------------------------------------------------
+
+    @property
+    def stopping(self) -> bool:
+        """A stop was requested; as one rank of several, every rank has agreed to it."""
+        return self._stopping
+
+    def request_stop(self) -> None:
+        """Stop at the next round (for a rank: every rank stops after the next exchange).
+
+        Safe from a signal handler: it only sets a flag.
+        """
+        self._stop_requested = True
+        if self._ranks is None:
+            self._stopping = True
+
+    def _rollouts_complete(self) -> bool:
+        """PPO: every actor's rollout is here (as one rank: at every rank, as of the exchange)."""
+        if self._ranks is not None:
+            return self._all_ready
+        return len(self._rollouts) == len(self._actors)
+
+    def _exchange(self) -> RoundOutcome:
+        """One round among the ranks: counts, readiness, stop requests, rank 0's new state.
+
+        Returns the round, whose counts the caller adds once the poll is through.
+        """
+        assert self._ranks is not None and self._ledger is not None
+        if isinstance(self.learner, PPOLearner):
+            ready = self._serial is not None or len(self._rollouts) == len(self._actors)
+        else:
+            ready = self.learner.ready()
+        row = self._ledger.row(ready=ready, stop=self._stop_requested, changed=self._state_changed)
+        outcome = outcome_of(self._ranks.exchange(row))
+        self._all_ready = outcome.all_ready
+        self._stopping = self._stopping or outcome.stop
+        if outcome.state_changed:
+            self._share_state()
+        return outcome
+
+    def _share_state(self) -> None:
+        """Rank 0's learner, counters and hyperparameters on every rank (a collective)."""
+        assert self._ranks is not None
+        leads = self._ranks.leads
+        state = self._ranks.broadcast_state(
+            {
+                "learner": self.learner.state_dict(),
+                "counters": dataclasses.asdict(self.counters),
+                "hyperparameters": dict(self.hyperparameters()),
+            }
+            if leads
+            else None
+        )
+        if not leads:
+            self.learner.load_state_dict(state["learner"])
+            counters = dict(state["counters"])
+            counters["recent_returns"] = tuple(counters["recent_returns"])
+            self.restore_counters(Counters(**counters))
+            self.set_hyperparameters(state["hyperparameters"])
+        self._state_changed = False
+        if self._started and (self._board is not None or self._serial is not None):
+            self._publish()
+
+    # -- hyperparameters (population-based training) ------------------------
+
+    def hyperparameters(self) -> Hyperparameters:
+        """The values population-based training may change, by their wire names."""
+        return read_hyperparameters(self.config, self.learner.config)
+
+    def set_hyperparameters(self, values: Hyperparameters) -> None:
+        """Take new hyperparameters; actors restart where theirs changed (DQN: ε, n-step γ).
+
+        Transitions already in the replay keep the discount they were
+        collected with; the replay turns over within replay_capacity steps.
+        """
+        engine_config, learner_config = with_hyperparameters(
+            self.config, self.learner.config, values
+        )
+        restart = self._started and actors_need_restart(
+            self.config, self.learner.config, engine_config, learner_config
+        )
+        if isinstance(self.learner, PPOLearner):
+            assert isinstance(learner_config, PPOConfig)
+            self.learner.reconfigure(learner_config)
+        else:
+            assert isinstance(learner_config, LearnerConfig)
+            self.learner.reconfigure(learner_config)
+        self.config = engine_config
+        self._state_changed = True
+        if restart:
+            self._restart_actors()
+
+    def _restart_actors(self) -> None:
+        """New actors with the current specs; what the old ones held is dropped."""
+        if self._serial is not None:
+            self._serial.close()
+            self._serial_generation += 1
+            self._serial = self._serial_actor(self._serial_generation)
+        for position, actor in enumerate(self._actors):
+            actor.process.kill()
+            actor.process.join(timeout=5.0)
+            with contextlib.suppress(OSError):
+                actor.free_slots.close()
+                actor.filled_slots.close()
+            # A fresh seed stream, as after a restart; the failure budget is untouched.
+            self._actors[position] = self._spawn(
+                actor.spec.index,
+                actor.slots,
+                generation=actor.generation + 1,
+                restarts=actor.restarts,
+            )
+        self._publish()
 
     def on_batch(self, hook: Callable[[LearnerTransitions], None]) -> None:
         """Call `hook` with every local batch the learner takes in, after it was validated."""
@@ -747,7 +940,7 @@ class TrainingEngine:
             code = actor.process.exitcode
             if code is None:
                 continue
-            cause = _describe_exit(code)
+            cause = describe_exit(code)
             if actor.restarts >= self.config.max_actor_restarts:
                 raise ActorFailureError(
                     f"actor {actor.spec.index} {cause} and was already restarted "
@@ -767,7 +960,10 @@ class TrainingEngine:
                 actor.free_slots.close()
                 actor.filled_slots.close()
             self._actors[position] = self._spawn(
-                actor.spec.index, actor.slots, generation=actor.restarts + 1
+                actor.spec.index,
+                actor.slots,
+                generation=actor.generation + 1,
+                restarts=actor.restarts + 1,
             )
 
     def _publish(self) -> None:
@@ -844,6 +1040,7 @@ class TrainingEngine:
         self._last_eval = counters.last_eval
         self._recent.clear()
         self._recent.extend(counters.recent_returns)
+        self._state_changed = True
         interval = self.config.eval_interval
         if interval:
             self._next_eval = (counters.env_steps // interval + 1) * interval
@@ -860,7 +1057,9 @@ class TrainingEngine:
         """Adopt a model (e.g. the global one) and hand it to the actors at once.
 
         `target` is the DQN target network's fate (Learner.set_weights); PPO has none.
+        As rank 0 of several, the other ranks take it at the next exchange.
         """
+        self._state_changed = True
         if isinstance(self.learner, PPOLearner):
             self.learner.set_weights(arrays)
         else:
@@ -879,11 +1078,15 @@ class TrainingEngine:
         would, so a lone participant's run stays the run it would be offline.
         PPO's actors get it at once: a rollout must come from the policy it
         updates. So do the actors of an engine that does not learn: it never
-        publishes otherwise.
+        publishes otherwise. (As rank 0 of several learners, every rank's
+        actors get it when the ranks share rank 0's new state, at the next
+        exchange.)
         """
         if isinstance(self.learner, PPOLearner) or not self.learns:
             self.set_weights(arrays, target=target)
         else:
+            # As rank 0 of several, the other ranks take it at the next exchange.
+            self._state_changed = True
             self.learner.set_weights(arrays, target=target)
 
 
@@ -891,7 +1094,8 @@ def _seed_of(seed: np.random.SeedSequence) -> int:
     return int(seed.generate_state(1)[0])
 
 
-def _describe_exit(code: int) -> str:
+def describe_exit(code: int) -> str:
+    """An exit code as people say it: "was killed by SIGKILL", "exited with code 1"."""
     if code < 0:
         try:
             return f"was killed by {signal.Signals(-code).name}"

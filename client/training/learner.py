@@ -9,6 +9,7 @@ calls ``train`` at whatever replay ratio it wants.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 from fedrl.client.training.cnn import is_image
+from fedrl.client.training.distributed import GradientSync
 from fedrl.client.training.frame_replay import FrameStore, make_replay
 from fedrl.client.training.frame_segment import FrameSegment
 from fedrl.client.training.networks import NetworkConfig
@@ -38,6 +40,9 @@ STATE_FORMAT = 1
 TargetAtAdoption = Literal["reset", "keep", "shift"]
 """What the target network does when the online one adopts other weights (Learner.set_weights)."""
 TARGET_AT_ADOPTION: tuple[TargetAtAdoption, ...] = ("reset", "keep", "shift")
+
+RECONFIGURABLE = frozenset({"lr", "gamma", "target_update_interval"})
+"""LearnerConfig fields a running learner may change (Learner.reconfigure)."""
 
 
 @dataclass(frozen=True)
@@ -267,10 +272,14 @@ class Learner:
         config: LearnerConfig,
         replay: Replay | None = None,
         network: NetworkConfig = DEFAULT_NETWORK,
+        gradients: GradientSync | None = None,
     ) -> None:
         """`network` picks the torso (fedrl.client.training.networks): the MLP of
-        config.hidden by default, or the causal transformer."""
+        config.hidden by default, or the causal transformer. `gradients` makes
+        this learner one rank of several (fedrl.client.training.distributed):
+        every step then uses the ranks' mean gradient."""
         self.config = config
+        self._gradients = gradients
         self.obs_shape = tuple(obs_shape)
         # Images stay uint8 up to the network, which scales them on the device.
         self.obs_dtype = np.dtype(np.uint8 if is_image(self.obs_shape) else np.float32)
@@ -401,6 +410,10 @@ class Learner:
         loss, q_mean, td_abs = self._loss_fn(batch)
         self.optimizer.zero_grad(set_to_none=True)
         torch.autograd.backward(loss)
+        if self._gradients is not None:
+            # Before clipping: the ranks clip their common mean, as one learner
+            # clips the gradient of its whole batch.
+            self._gradients.average_gradients(self.online.parameters())
         if self.config.grad_clip_norm is not None:
             nn.utils.clip_grad_norm_(self.online.parameters(), self.config.grad_clip_norm)
         self.optimizer.step()
@@ -535,6 +548,29 @@ class Learner:
                     self.target.parameters(), before, self.online.parameters(), strict=True
                 ):
                     old_target.add_(online - old_online)
+
+    def reconfigure(self, config: LearnerConfig) -> None:
+        """Take new values of the knobs a running learner can change (population-based training).
+
+        The learning rate reaches the optimizer at once and the target
+        interval counts from the next update; gamma lives in the actors'
+        n-step returns (the engine restarts them). Any other field must stay.
+        """
+        changed = sorted(
+            f.name
+            for f in dataclasses.fields(config)
+            if f.name not in RECONFIGURABLE
+            and getattr(self.config, f.name) != getattr(config, f.name)
+        )
+        if changed:
+            raise ValueError(f"a running DQN learner cannot change {changed}")
+        self.config = config
+        for group in self.optimizer.param_groups:
+            group["lr"] = config.lr
+
+    def reset_optimizer(self) -> None:
+        """Forget Adam's moments and step counts, e.g. after copying another member's weights."""
+        self.optimizer.state.clear()
 
     def state_dict(self) -> dict[str, Any]:
         """Online, target, optimizer and counters, all on CPU.

@@ -11,6 +11,7 @@ learning-rate annealing and gradient clipping. Collection happens elsewhere
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from fedrl.client.training.cnn import is_image
+from fedrl.client.training.distributed import GradientSync
 from fedrl.client.training.learner import resolve_device, to_cpu
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.policy_network import ActorCritic, build_actor_critic
@@ -32,6 +34,9 @@ STATE_FORMAT = 1
 """Version of ``PPOLearner.state_dict()``'s layout; bumped on any change to it."""
 
 Amp = Literal["auto", "on", "off"]
+
+RECONFIGURABLE = frozenset({"ppo_lr", "ppo_gamma", "clip_range", "entropy_coef"})
+"""PPOConfig fields a running learner may change (PPOLearner.reconfigure)."""
 
 
 @dataclass(frozen=True)
@@ -264,8 +269,14 @@ class PPOLearner:
         shape: EnvShape,
         config: PPOConfig,
         network: NetworkConfig,
+        gradients: GradientSync | None = None,
     ) -> None:
+        """`gradients` makes this learner one rank of several
+        (fedrl.client.training.distributed): every step then uses the ranks'
+        mean gradient, and an update takes as many minibatches as the rank
+        with the fewest valid samples can fill."""
         self.config = config
+        self._gradients = gradients
         self.obs_shape = tuple(obs_shape)
         # Images stay uint8 up to the network, which scales them on the device.
         self.obs_dtype = np.dtype(np.uint8 if is_image(self.obs_shape) else np.float32)
@@ -341,6 +352,9 @@ class PPOLearner:
         # measuring them on every step would cost a sixth of the update.
         sums = torch.zeros(6, device=self.device)
         minibatches = max(1, -(-samples // c.minibatch_size))
+        if self._gradients is not None:
+            # Every rank must take the same number of steps, each one collective.
+            minibatches = self._gradients.fewest(minibatches)
         for epoch in range(c.epochs):
             order = self._rng.permutation(samples)
             for chunk in np.array_split(order, minibatches):
@@ -405,6 +419,8 @@ class PPOLearner:
         )
         self.optimizer.zero_grad(set_to_none=True)
         torch.autograd.backward(parts.loss)
+        if self._gradients is not None:
+            self._gradients.average_gradients(self.net.parameters())
         if c.max_grad_norm is not None:
             nn.utils.clip_grad_norm_(self.net.parameters(), c.max_grad_norm, foreach=True)
         self.optimizer.step()
@@ -426,6 +442,25 @@ class PPOLearner:
                     clip_fraction,
                 ]
             )
+
+    def reconfigure(self, config: PPOConfig) -> None:
+        """Take new values of the knobs a running learner can change (population-based training).
+
+        Each is read afresh by the next update; any other field must stay.
+        """
+        changed = sorted(
+            f.name
+            for f in dataclasses.fields(config)
+            if f.name not in RECONFIGURABLE
+            and getattr(self.config, f.name) != getattr(config, f.name)
+        )
+        if changed:
+            raise ValueError(f"a running PPO learner cannot change {changed}")
+        self.config = config
+
+    def reset_optimizer(self) -> None:
+        """Forget Adam's moments and step counts, e.g. after copying another member's weights."""
+        self.optimizer.state.clear()
 
     # -- weights and state --------------------------------------------------
 

@@ -18,7 +18,7 @@ class GoalState(_message.Message):
     def __init__(self, total_episodes: _Optional[int] = ..., episodes_done: _Optional[int] = ..., reached: _Optional[bool] = ...) -> None: ...
 
 class SessionConfig(_message.Message):
-    __slots__ = ("max_staleness", "buffer_size", "chunk_bytes", "max_message_bytes", "strategy", "server_learning_rate", "sync_interval", "delta_dtypes", "global_eval_interval", "push_rate_per_s")
+    __slots__ = ("max_staleness", "buffer_size", "chunk_bytes", "max_message_bytes", "strategy", "server_learning_rate", "sync_interval", "delta_dtypes", "global_eval_interval", "push_rate_per_s", "pbt_ready_steps", "pbt_quantile", "pbt_resample_probability")
     MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
     BUFFER_SIZE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,9 @@ class SessionConfig(_message.Message):
     DELTA_DTYPES_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_EVAL_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     PUSH_RATE_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PBT_READY_STEPS_FIELD_NUMBER: _ClassVar[int]
+    PBT_QUANTILE_FIELD_NUMBER: _ClassVar[int]
+    PBT_RESAMPLE_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
     max_staleness: int
     buffer_size: int
     chunk_bytes: int
@@ -39,21 +42,26 @@ class SessionConfig(_message.Message):
     delta_dtypes: _containers.RepeatedScalarFieldContainer[_tensor_pb2.DType]
     global_eval_interval: int
     push_rate_per_s: float
-    def __init__(self, max_staleness: _Optional[int] = ..., buffer_size: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., strategy: _Optional[str] = ..., server_learning_rate: _Optional[float] = ..., sync_interval: _Optional[int] = ..., delta_dtypes: _Optional[_Iterable[_Union[_tensor_pb2.DType, str]]] = ..., global_eval_interval: _Optional[int] = ..., push_rate_per_s: _Optional[float] = ...) -> None: ...
+    pbt_ready_steps: int
+    pbt_quantile: float
+    pbt_resample_probability: float
+    def __init__(self, max_staleness: _Optional[int] = ..., buffer_size: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., strategy: _Optional[str] = ..., server_learning_rate: _Optional[float] = ..., sync_interval: _Optional[int] = ..., delta_dtypes: _Optional[_Iterable[_Union[_tensor_pb2.DType, str]]] = ..., global_eval_interval: _Optional[int] = ..., push_rate_per_s: _Optional[float] = ..., pbt_ready_steps: _Optional[int] = ..., pbt_quantile: _Optional[float] = ..., pbt_resample_probability: _Optional[float] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("session", "participant_id", "spec", "spec_hash", "client_version")
+    __slots__ = ("session", "participant_id", "spec", "spec_hash", "client_version", "mode")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
     CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
     session: str
     participant_id: str
     spec: _tensor_pb2.ModelSpec
     spec_hash: str
     client_version: str
-    def __init__(self, session: _Optional[str] = ..., participant_id: _Optional[str] = ..., spec: _Optional[_Union[_tensor_pb2.ModelSpec, _Mapping]] = ..., spec_hash: _Optional[str] = ..., client_version: _Optional[str] = ...) -> None: ...
+    mode: str
+    def __init__(self, session: _Optional[str] = ..., participant_id: _Optional[str] = ..., spec: _Optional[_Union[_tensor_pb2.ModelSpec, _Mapping]] = ..., spec_hash: _Optional[str] = ..., client_version: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("config", "current_version", "goal", "server_time_unix_ms", "last_update_sequence", "last_experience_sequence", "spec_hash")
@@ -278,7 +286,7 @@ class VersionState(_message.Message):
     def __init__(self, version: _Optional[int] = ..., parent: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., contributors: _Optional[_Iterable[str]] = ..., max_staleness: _Optional[int] = ..., eval_return: _Optional[float] = ..., mean_return: _Optional[float] = ..., checkpoint: _Optional[str] = ..., env_steps: _Optional[int] = ...) -> None: ...
 
 class SessionState(_message.Message):
-    __slots__ = ("session", "spec_hash", "env_id", "goal", "env_steps", "current_version", "best_eval_return", "best_version", "best_checkpoint", "active_participants", "participants", "versions", "config", "updates_quarantined")
+    __slots__ = ("session", "spec_hash", "env_id", "goal", "env_steps", "current_version", "best_eval_return", "best_version", "best_checkpoint", "active_participants", "participants", "versions", "config", "updates_quarantined", "mode", "members", "lineage")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
@@ -293,6 +301,9 @@ class SessionState(_message.Message):
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     UPDATES_QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
     session: str
     spec_hash: str
     env_id: str
@@ -307,7 +318,72 @@ class SessionState(_message.Message):
     versions: _containers.RepeatedCompositeFieldContainer[VersionState]
     config: SessionConfig
     updates_quarantined: int
-    def __init__(self, session: _Optional[str] = ..., spec_hash: _Optional[str] = ..., env_id: _Optional[str] = ..., goal: _Optional[_Union[GoalState, _Mapping]] = ..., env_steps: _Optional[int] = ..., current_version: _Optional[int] = ..., best_eval_return: _Optional[float] = ..., best_version: _Optional[int] = ..., best_checkpoint: _Optional[str] = ..., active_participants: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[ParticipantState, _Mapping]]] = ..., versions: _Optional[_Iterable[_Union[VersionState, _Mapping]]] = ..., config: _Optional[_Union[SessionConfig, _Mapping]] = ..., updates_quarantined: _Optional[int] = ...) -> None: ...
+    mode: str
+    members: _containers.RepeatedCompositeFieldContainer[MemberState]
+    lineage: _containers.RepeatedCompositeFieldContainer[MemberGeneration]
+    def __init__(self, session: _Optional[str] = ..., spec_hash: _Optional[str] = ..., env_id: _Optional[str] = ..., goal: _Optional[_Union[GoalState, _Mapping]] = ..., env_steps: _Optional[int] = ..., current_version: _Optional[int] = ..., best_eval_return: _Optional[float] = ..., best_version: _Optional[int] = ..., best_checkpoint: _Optional[str] = ..., active_participants: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[ParticipantState, _Mapping]]] = ..., versions: _Optional[_Iterable[_Union[VersionState, _Mapping]]] = ..., config: _Optional[_Union[SessionConfig, _Mapping]] = ..., updates_quarantined: _Optional[int] = ..., mode: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberState, _Mapping]]] = ..., lineage: _Optional[_Iterable[_Union[MemberGeneration, _Mapping]]] = ...) -> None: ...
+
+class MemberState(_message.Message):
+    __slots__ = ("participant_id", "generation", "hyperparameters", "score", "env_steps", "episodes", "rankings", "checkpoint", "last_report_unix_ms", "adopting")
+    class HyperparametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    HYPERPARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    RANKINGS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    LAST_REPORT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    ADOPTING_FIELD_NUMBER: _ClassVar[int]
+    participant_id: str
+    generation: int
+    hyperparameters: _containers.ScalarMap[str, float]
+    score: float
+    env_steps: int
+    episodes: int
+    rankings: int
+    checkpoint: str
+    last_report_unix_ms: int
+    adopting: bool
+    def __init__(self, participant_id: _Optional[str] = ..., generation: _Optional[int] = ..., hyperparameters: _Optional[_Mapping[str, float]] = ..., score: _Optional[float] = ..., env_steps: _Optional[int] = ..., episodes: _Optional[int] = ..., rankings: _Optional[int] = ..., checkpoint: _Optional[str] = ..., last_report_unix_ms: _Optional[int] = ..., adopting: _Optional[bool] = ...) -> None: ...
+
+class MemberGeneration(_message.Message):
+    __slots__ = ("participant_id", "generation", "hyperparameters", "donor", "donor_generation", "donor_score", "score", "env_steps", "created_unix_ms", "adopted_unix_ms")
+    class HyperparametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    HYPERPARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    DONOR_FIELD_NUMBER: _ClassVar[int]
+    DONOR_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    DONOR_SCORE_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    ADOPTED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    participant_id: str
+    generation: int
+    hyperparameters: _containers.ScalarMap[str, float]
+    donor: str
+    donor_generation: int
+    donor_score: float
+    score: float
+    env_steps: int
+    created_unix_ms: int
+    adopted_unix_ms: int
+    def __init__(self, participant_id: _Optional[str] = ..., generation: _Optional[int] = ..., hyperparameters: _Optional[_Mapping[str, float]] = ..., donor: _Optional[str] = ..., donor_generation: _Optional[int] = ..., donor_score: _Optional[float] = ..., score: _Optional[float] = ..., env_steps: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., adopted_unix_ms: _Optional[int] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("sessions", "server_time_unix_ms")

@@ -1,0 +1,384 @@
+"""A participant as one member of a population session (population-based training).
+
+The member trains alone, as an offline participant would, and after every
+evaluation reports its latest model and score to the server
+(proto/fedrl/v1/population.proto). Training never waits for the network: the
+calls run on an asyncio loop in a background thread, one report in flight at
+a time (a newer evaluation replaces a report still waiting to leave), and the
+main thread looks at the outcome at its next round.
+
+When the server ranks the member into the bottom of the population, the
+reply is an exploit: the network thread pulls the donor's model, and the main
+thread adopts it, the DQN target network reset to it and Adam's moments
+cleared (they belong to the member's own weights, not the donor's), and
+trains on with the explored hyperparameters (fedrl.common.hyperparameters),
+restarting DQN actors whose ε or n-step γ changed. A report still waiting
+that was taken before the adoption is dropped: the server would not keep a
+model of a generation the member has left.
+
+Crash safety needs no local file: the server is the record. At start the
+member Enrolls and gets its generation, hyperparameters and, if it had not
+adopted its last exploit before it stopped, the exploit again; its report
+sequence continues from the server's count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+
+from fedrl.client.federation.backoff import BackoffPolicy
+from fedrl.client.federation.errors import UnavailableError
+from fedrl.client.federation.federation_client import FederationClient
+from fedrl.client.training.engine import PollResult, TrainingEngine
+from fedrl.common.chunking import NamedTensors, chunk_tensors
+from fedrl.proto.v1 import federation_pb2 as fpb
+from fedrl.proto.v1 import population_pb2 as pb
+from fedrl.proto.v1 import population_pb2_grpc as pb_grpc
+from fedrl.proto.v1 import tensor_pb2 as tpb
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+POPULATION_MODE = "pbt"
+
+
+class PopulationError(RuntimeError):
+    """The population refused this member in a way retrying cannot mend."""
+
+
+class PopulationClient(FederationClient):
+    """The Federation calls plus the Population service's, as one member."""
+
+    def __init__(self, channel: grpc.aio.Channel, **options: Any) -> None:
+        super().__init__(channel, **options)
+        self._population = pb_grpc.PopulationStub(channel)  # type: ignore[no-untyped-call]
+
+    async def enroll(self, hyperparameters: Mapping[str, float]) -> pb.MemberAssignment:
+        request = pb.EnrollRequest(
+            session=self.session,
+            participant_id=self.participant_id,
+            hyperparameters=dict(hyperparameters),
+        )
+        reply: pb.MemberAssignment = await self._unary(self._population.Enroll, request, "enroll")
+        return reply
+
+    async def report(
+        self,
+        *,
+        sequence: int,
+        generation: int,
+        env_steps: int,
+        episodes: int,
+        score: float | None,
+        weights: Sequence[tuple[str, np.ndarray]],
+    ) -> pb.ReportReply:
+        """The member's full model (float32, so a copy of it is exact) and figures."""
+        tensors, chunks = chunk_tensors(
+            weights, dtype=tpb.DTYPE_FLOAT32, chunk_bytes=self.chunk_bytes
+        )
+        header = pb.ReportHeader(
+            session=self.session,
+            participant_id=self.participant_id,
+            spec_hash=self.spec_hash,
+            sequence=sequence,
+            generation=generation,
+            env_steps=env_steps,
+            episodes=episodes,
+            tensors=tensors,
+        )
+        if score is not None:
+            header.score = score
+        messages = [pb.ReportChunk(header=header), *(pb.ReportChunk(chunk=c) for c in chunks)]
+        reply: pb.ReportReply = await self._stream_unary(
+            self._population.Report, messages, f"report {sequence}"
+        )
+        return reply
+
+    async def pull_donor(self, generation: int) -> NamedTensors:
+        """The weights generation `generation` of this member starts from."""
+        request = pb.PullDonorRequest(
+            session=self.session, participant_id=self.participant_id, generation=generation
+        )
+        call = self._population.PullDonor(
+            request, metadata=self._metadata, timeout=self._timeouts.transfer_s
+        )
+        _, tensors = await self._receive_model(
+            call, f"pull of generation {generation}'s donor model"
+        )
+        return tensors
+
+
+@dataclass(frozen=True)
+class _Report:
+    """A snapshot to report: taken in the main thread, sent by the network thread."""
+
+    sequence: int
+    generation: int
+    env_steps: int
+    episodes: int
+    score: float | None
+    weights: NamedTensors
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    reply: pb.ReportReply
+    donor: NamedTensors | None
+
+
+class PopulationMember:
+    """The engine as one member of a population: report, get ranked, exploit and explore."""
+
+    def __init__(
+        self,
+        engine: TrainingEngine,
+        *,
+        participant_id: str,
+        session: str,
+        spec: tpb.ModelSpec,
+        channel_factory: Callable[[], grpc.aio.Channel],
+        on_record: Callable[[dict[str, Any]], None] | None = None,
+        backoff: BackoffPolicy | None = None,
+    ) -> None:
+        self._engine = engine
+        self._participant_id = participant_id
+        self._session = session
+        self._spec = spec
+        self._channel_factory = channel_factory
+        self._on_record = on_record
+        self._backoff = backoff or BackoffPolicy()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="fedrl-population", daemon=True
+        )
+        self._client: PopulationClient | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._next_sequence = 1
+        self._waiting: _Report | None = None
+        self._in_flight: Future[_Outcome] | None = None
+        self._goal: fpb.GoalState | None = None
+        self._members = 0
+        self.generation = 0
+        """Exploits so far: the generation this member trains in."""
+        self.reports = 0
+        """Reports the server took during this run."""
+
+    # Start and stop.
+
+    def start(self) -> pb.MemberAssignment:
+        """Join (creating the population if need be), enroll, and take the server's assignment."""
+        self._thread.start()
+        joined, assignment = self._call(self._enter(), timeout_s=120.0)
+        self._goal = joined.goal
+        self._next_sequence = assignment.last_report_sequence + 1
+        donor = None
+        if assignment.adopt:
+            donor = self._call(self._retrying(lambda c: c.pull_donor(assignment.generation)))
+        self._apply(assignment, donor, why="the server's record of this member")
+        return assignment
+
+    async def _enter(self) -> tuple[fpb.JoinReply, pb.MemberAssignment]:
+        self._channel = self._channel_factory()
+        self._client = PopulationClient(
+            self._channel, participant_id=self._participant_id, session=self._session
+        )
+        joined = await self._retrying(lambda c: c.join(self._spec, mode=POPULATION_MODE))
+        assignment = await self._retrying(lambda c: c.enroll(self._engine.hyperparameters()))
+        return joined, assignment
+
+    def finish(self, *, timeout_s: float = 60.0) -> None:
+        """Report the final model (waiting up to `timeout_s`), then leave the session."""
+        counters = self._engine.counters
+        self._settle(timeout_s)
+        self._waiting = self._snapshot(counters.last_eval)
+        self._send_waiting()
+        self._settle(timeout_s)
+        try:
+            self._call(self._client_call(lambda c: c.leave("finished")), timeout_s=15.0)
+        except (UnavailableError, TimeoutError) as exc:
+            log.warning("could not leave the session: %s", exc)
+
+    def close(self) -> None:
+        if not self._thread.is_alive():
+            return
+        if self._channel is not None:
+            channel = self._channel
+            # Closing a channel at exit must not turn a clean stop into an error.
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(channel.close(), self._loop).result(5.0)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10.0)
+
+    # Every round.
+
+    def after_poll(self, result: PollResult) -> None:
+        """Take a finished report's outcome; queue a report after every evaluation."""
+        if self._in_flight is not None and self._in_flight.done():
+            outcome = self._in_flight.result()
+            self._in_flight = None
+            self._take(outcome)
+        if result.evaluation is not None:
+            self._waiting = self._snapshot(result.evaluation.mean)
+        self._send_waiting()
+
+    @property
+    def goal_reached(self) -> bool:
+        return self._goal is not None and self._goal.reached
+
+    @property
+    def goal(self) -> fpb.GoalState | None:
+        return self._goal
+
+    def status(self) -> fpb.StatusReply:
+        return self._call(self._client_call(lambda c: c.status(max_versions=1)))
+
+    # Internals: reports.
+
+    def _snapshot(self, score: float | None) -> _Report:
+        counters = self._engine.counters
+        report = _Report(
+            sequence=self._next_sequence,
+            generation=self.generation,
+            env_steps=counters.env_steps,
+            episodes=counters.episodes,
+            score=score if score is not None and math.isfinite(score) else None,
+            weights=self._engine.weights(),
+        )
+        self._next_sequence += 1
+        return report
+
+    def _send_waiting(self) -> None:
+        if self._waiting is None or self._in_flight is not None:
+            return
+        report, self._waiting = self._waiting, None
+        self._in_flight = asyncio.run_coroutine_threadsafe(self._send(report), self._loop)
+
+    async def _send(self, report: _Report) -> _Outcome:
+        reply = await self._retrying(
+            lambda c: c.report(
+                sequence=report.sequence,
+                generation=report.generation,
+                env_steps=report.env_steps,
+                episodes=report.episodes,
+                score=report.score,
+                weights=report.weights,
+            )
+        )
+        donor = None
+        assignment = reply.assignment
+        if assignment.adopt and assignment.generation > report.generation:
+            donor = await self._retrying(lambda c: c.pull_donor(assignment.generation))
+        return _Outcome(reply, donor)
+
+    def _take(self, outcome: _Outcome) -> None:
+        reply = outcome.reply
+        self._goal = reply.goal
+        self.reports += not reply.duplicate
+        self._record(
+            "report",
+            sequence=reply.sequence,
+            generation=self.generation,
+            decision=reply.decision or None,
+            reason=reply.reason or None,
+        )
+        if reply.decision:
+            log.info("ranked: %s (%s)", reply.decision, reply.reason)
+        self._apply(reply.assignment, outcome.donor, why=reply.reason)
+
+    def _apply(
+        self, assignment: pb.MemberAssignment, donor: NamedTensors | None, *, why: str
+    ) -> None:
+        """Take the server's assignment: a new generation's donor weights and hyperparameters."""
+        values = dict(assignment.hyperparameters)
+        if assignment.generation <= self.generation and values == dict(
+            self._engine.hyperparameters()
+        ):
+            return
+        if assignment.adopt and assignment.generation > self.generation:
+            if donor is None:
+                raise PopulationError(
+                    f"generation {assignment.generation} came without its donor model"
+                )
+            self._engine.set_weights(donor, target="reset")
+            self._engine.learner.reset_optimizer()
+            # A report taken before the adoption describes a model the member left.
+            self._waiting = None
+            log.info(
+                "generation %d: copied %s (generation %d); %s",
+                assignment.generation,
+                assignment.donor,
+                assignment.donor_generation,
+                why,
+            )
+        self._engine.set_hyperparameters(values)
+        if assignment.generation != self.generation:
+            self._record(
+                "exploit",
+                generation=assignment.generation,
+                donor=assignment.donor or None,
+                donor_generation=assignment.donor_generation,
+                hyperparameters=values,
+            )
+        self.generation = assignment.generation
+
+    # Internals: calls on the network thread.
+
+    def _call(self, coroutine: Coroutine[Any, Any, T], *, timeout_s: float = 600.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
+
+    async def _client_call(self, call: Callable[[PopulationClient], Coroutine[Any, Any, T]]) -> T:
+        assert self._client is not None
+        return await call(self._client)
+
+    async def _retrying(self, call: Callable[[PopulationClient], Coroutine[Any, Any, T]]) -> T:
+        """`call` until the server answers; a refusal (RejectedError) is raised at once."""
+        assert self._client is not None
+        failures = 0
+        while True:
+            try:
+                return await call(self._client)
+            except UnavailableError as exc:
+                failures += 1
+                delay = self._backoff.delay(failures)
+                log.warning("population call failed (%s); again in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+
+    def _settle(self, timeout_s: float) -> None:
+        """Wait for the report in flight, and take its outcome."""
+        if self._in_flight is None:
+            return
+        try:
+            outcome = self._in_flight.result(timeout_s)
+        except TimeoutError:
+            log.warning("the last report got no answer in %.0f s", timeout_s)
+            return
+        finally:
+            if self._in_flight.done():
+                self._in_flight = None
+        self._take(outcome)
+
+    def _record(self, kind: str, **fields: Any) -> None:
+        if self._on_record is None:
+            return
+        counters = self._engine.counters
+        record: dict[str, Any] = {
+            "kind": kind,
+            "time": round(time.time(), 3),
+            "episode": counters.episodes,
+            "env_steps": counters.env_steps,
+        }
+        record.update({key: value for key, value in fields.items() if value is not None})
+        self._on_record(record)

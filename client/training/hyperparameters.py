@@ -1,0 +1,86 @@
+"""A running engine's searchable hyperparameters by their wire names, read from and into configs.
+
+The names are fedrl.common.hyperparameters': "lr" is LearnerConfig.lr for a
+DQN and PPOConfig.ppo_lr for PPO, and so on. Reading and replacing go
+through the frozen configs, so the engine and learner keep one source of
+truth for every knob.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.ppo_learner import PPOConfig
+
+if TYPE_CHECKING:
+    from fedrl.client.training.engine import EngineConfig
+
+Hyperparameters = Mapping[str, float]
+
+# (config, field) of each searched name: "engine" is EngineConfig, "learner" the learner's.
+_DQN_FIELDS = {
+    "lr": ("learner", "lr"),
+    "gamma": ("learner", "gamma"),
+    "exploration_base": ("engine", "exploration_base"),
+    "target_update_interval": ("learner", "target_update_interval"),
+}
+_PPO_FIELDS = {
+    "lr": ("learner", "ppo_lr"),
+    "gamma": ("learner", "ppo_gamma"),
+    "clip_range": ("learner", "clip_range"),
+    "entropy_coef": ("learner", "entropy_coef"),
+}
+
+_ACTOR_FIELDS = frozenset({"gamma", "exploration_base"})
+"""DQN hyperparameters its actors hold from their start: the n-step γ and the ε ladder."""
+
+
+def _fields(learner: LearnerConfig | PPOConfig) -> Mapping[str, tuple[str, str]]:
+    return _PPO_FIELDS if isinstance(learner, PPOConfig) else _DQN_FIELDS
+
+
+def read_hyperparameters(
+    engine: EngineConfig, learner: LearnerConfig | PPOConfig
+) -> dict[str, float]:
+    """The searched hyperparameters of these configs."""
+    configs: dict[str, object] = {"engine": engine, "learner": learner}
+    return {
+        name: float(getattr(configs[where], field))
+        for name, (where, field) in _fields(learner).items()
+    }
+
+
+def with_hyperparameters(
+    engine: EngineConfig, learner: LearnerConfig | PPOConfig, values: Hyperparameters
+) -> tuple[EngineConfig, LearnerConfig | PPOConfig]:
+    """Copies of the configs with `values` in place; ValueError for a name this algorithm lacks."""
+    fields = _fields(learner)
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        algorithm = "PPO" if isinstance(learner, PPOConfig) else "DQN"
+        raise ValueError(f"{algorithm} has no hyperparameter {unknown}; it searches {list(fields)}")
+    changes: dict[str, dict[str, Any]] = {"engine": {}, "learner": {}}
+    for name, value in values.items():
+        where, field = fields[name]
+        changes[where][field] = int(value) if field == "target_update_interval" else float(value)
+    return (
+        dataclasses.replace(engine, **changes["engine"]),
+        dataclasses.replace(learner, **changes["learner"]),
+    )
+
+
+def actors_need_restart(
+    engine_before: EngineConfig,
+    learner_before: LearnerConfig | PPOConfig,
+    engine_after: EngineConfig,
+    learner_after: LearnerConfig | PPOConfig,
+) -> bool:
+    """Whether DQN actors hold a hyperparameter that changed (PPO's actors hold none)."""
+    if isinstance(learner_before, PPOConfig):
+        return False
+    before = read_hyperparameters(engine_before, learner_before)
+    after = read_hyperparameters(engine_after, learner_after)
+    return any(before[name] != after[name] for name in _ACTOR_FIELDS)
