@@ -58,6 +58,7 @@ from fedrl.client.federation.experience_client import (
 )
 from fedrl.client.federation.experience_cursor import CursorFile
 from fedrl.client.federation.federation_client import FederationClient
+from fedrl.client.federation.observation_bounds import ObservationBounds, rows
 from fedrl.client.federation.outbox import Entry, Outbox
 from fedrl.client.federation.server_link import ServerLink
 from fedrl.client.training.cnn import is_image
@@ -183,11 +184,17 @@ class ExperienceSync:
         participant_id: str,
         cursor: CursorFile,
         pull: bool = True,
+        bounds: ObservationBounds | None = None,
     ) -> None:
         """`pull=False` only pushes: a participant that acts and does not learn has no use for
-        other participants' transitions."""
+        other participants' transitions. `bounds`: the session's observation bounds; rows
+        outside them stay out of pushes (the server would refuse their whole batch)."""
         self._config = config
         self._pulls = pull
+        self._bounds = bounds
+        self.unshared_out_of_bounds = 0
+        """Rows kept out of pushes because an observation left the session's bounds."""
+        self._bounds_warned_at = 0
         self._unsent = UnsentTransitions(config.push_transitions, obs_shape)
         self._n_step = n_step
         self._gamma = gamma
@@ -227,6 +234,8 @@ class ExperienceSync:
     def queue(self, outbox: Outbox, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Entry | None:
         """Queue the transitions recorded since the last push; None if there are none."""
         unsent = self._unsent.take() if self._enabled else None
+        if unsent is not None and self._bounds is not None:
+            unsent = self._within_bounds(unsent)
         if unsent is None:
             return None
         batch = to_experience(
@@ -239,6 +248,25 @@ class ExperienceSync:
             participant_id=self._participant_id,
             chunk_bytes=chunk_bytes,
         )
+
+    def _within_bounds(self, batch: LearnerTransitions) -> LearnerTransitions | None:
+        assert self._bounds is not None
+        keep = self._bounds.inside(batch)
+        dropped = len(batch) - int(keep.sum())
+        if not dropped:
+            return batch
+        before = self.unshared_out_of_bounds
+        self.unshared_out_of_bounds += dropped
+        # Said at the first such row and then each time the total doubles: visible, not a flood.
+        if before == 0 or self.unshared_out_of_bounds >= 2 * self._bounds_warned_at:
+            self._bounds_warned_at = self.unshared_out_of_bounds
+            log.warning(
+                "%d transitions so far had an observation outside the bounds the environment "
+                "declares (its observation_space); they train this participant but are not "
+                "shared, since the server would refuse the batch holding them",
+                self.unshared_out_of_bounds,
+            )
+        return rows(batch, keep) if dropped < len(batch) else None
 
     def adopt(self, engine: TrainingEngine) -> int:
         """Add the waiting pull to the engine's replay as foreign; the transitions added.

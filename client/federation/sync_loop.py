@@ -47,6 +47,7 @@ from fedrl.client.federation.errors import SyncError, UnavailableError
 from fedrl.client.federation.experience_cursor import CursorFile
 from fedrl.client.federation.experience_sync import ExchangeConfig, ExperienceSync
 from fedrl.client.federation.global_scoring import VersionScore
+from fedrl.client.federation.observation_bounds import ObservationBounds
 from fedrl.client.federation.outbox import Outbox, OutboxLimits
 from fedrl.client.federation.server_link import ServerLink, ServerView
 from fedrl.client.federation.sync_state import STATE_FILE
@@ -150,6 +151,7 @@ class SyncLoop:
                 participant_id=participant_id,
                 cursor=CursorFile(state_dir / EXPERIENCE_CURSOR_FILE),
                 pull=engine.learns,
+                bounds=ObservationBounds.of(spec.observation_space),
             )
             engine.on_batch(self._experience.record)
         self._link: ServerLink | None = None
