@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import secrets
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -52,6 +53,7 @@ from fedrl.common.identity import validate_participant_id
 from fedrl.common.status_table import hyperparameter_text, render_status
 from fedrl.common.tls import TlsMaterialError
 from fedrl.proto.v1 import federation_pb2 as pb
+from fedrl.proto.v1 import tensor_pb2 as tpb
 
 PARTICIPANT_ID_FILE = "participant-id"
 """Under --state-dir: the id generated for a participant who gave none, reused next time."""
@@ -145,12 +147,7 @@ def train_offline(config: TrainConfig, ranks: RankGroup | None = None) -> Counte
     previous = _stop_signals(engine, ranks)
     try:
         echo_memory(engine)
-        autosave = Autosaver(
-            state,
-            engine,
-            model_every=config.save_model_every,
-            progress_every=config.save_progress_every,
-        )
+        autosave = _autosaver(config, state, engine)
         resumed = autosave.resume()
         if resumed is not None:
             click.echo(
@@ -158,23 +155,14 @@ def train_offline(config: TrainConfig, ranks: RankGroup | None = None) -> Counte
                 f"{resumed.env_steps} env steps",
                 err=True,
             )
-        engine.start()
-        goal = engine.counters.episodes + config.episodes
-        reporter = ProgressReporter(interval_s=config.log_interval)
-        progress = TrainingProgress(
-            reporter,
-            target=goal,
-            epsilon=_epsilon(config),
-            replay_size=lambda: engine.replay_size,
-            gpus=_gpu_monitor(reporter),
-        )
+        start, reporter, progress = _start(config, engine)
 
         def on_poll(result: PollResult) -> None:
             autosave(result)
             progress(engine.counters, result)
 
         def done(c: Counters) -> bool:
-            return c.episodes >= goal or 0 < config.max_env_steps <= c.env_steps
+            return _budget_spent(config, c, start)
 
         failure: RankFailureError | None = None
         try:
@@ -221,19 +209,9 @@ def train_federated(config: TrainConfig, ranks: RankGroup | None = None) -> Coun
     sync: SyncLoop | None = None
     try:
         echo_memory(engine)
-        autosave = Autosaver(
-            state,
-            engine,
-            model_every=config.save_model_every,
-            progress_every=config.save_progress_every,
-        )
+        autosave = _autosaver(config, state, engine)
         autosave.resume()
-        spec = model_spec(
-            config.engine.env,
-            engine.weights(),
-            state.identity.architecture,
-            data=config.engine.data,
-        )
+        spec = _model_spec(config, engine, state)
         sync = SyncLoop(
             engine,
             state_dir=state.path / "sync" / config.session,
@@ -258,40 +236,21 @@ def train_federated(config: TrainConfig, ranks: RankGroup | None = None) -> Coun
         if joined is not None and config.total_episodes:
             goal = sync.raise_goal(config.total_episodes)
             click.echo(f"session goal: {goal.total_episodes} episodes", err=True)
-        engine.start()
-        start = engine.counters.episodes
-        reporter = ProgressReporter(interval_s=config.log_interval)
-        progress = TrainingProgress(
+        start, reporter, progress = _start(config, engine)
+
+        def on_poll(result: PollResult) -> None:
+            autosave(result)
+            sync.after_poll(result)
+            progress(engine.counters, result, sync.view)
+
+        interrupted, failure = _poll_in_session(
+            engine,
             reporter,
-            target=start + config.episodes,
-            epsilon=_epsilon(config),
-            replay_size=lambda: engine.replay_size,
-            gpus=_gpu_monitor(reporter),
+            on_poll,
+            goal_reached=lambda: sync.goal_reached,
+            budget_spent=lambda counters: _budget_spent(config, counters, start),
+            on_interrupt="pushing and saving",
         )
-        interrupted = False
-        failure: RankFailureError | None = None
-        try:
-            # As rank 0 of several, a stop takes effect once the ranks agree on it.
-            while not engine.stopping:
-                result = engine.poll()
-                autosave(result)
-                sync.after_poll(result)
-                counters = engine.counters
-                progress(counters, result, sync.view)
-                if sync.goal_reached:
-                    reporter.write("the session reached its goal")
-                    engine.request_stop()
-                elif counters.episodes - start >= config.episodes or (
-                    0 < config.max_env_steps <= counters.env_steps
-                ):
-                    engine.request_stop()
-        except KeyboardInterrupt:
-            interrupted = True
-            reporter.write("interrupted: pushing and saving")
-        except RankFailureError as exc:
-            failure = exc
-        finally:
-            reporter.close()
         left = sync.finish(flush_timeout_s=10.0 if interrupted or failure else 60.0)
         autosave.save_all()
         if failure is not None:
@@ -332,19 +291,9 @@ def train_population(config: TrainConfig, ranks: RankGroup | None = None) -> Cou
     member: PopulationMember | None = None
     try:
         echo_memory(engine)
-        autosave = Autosaver(
-            state,
-            engine,
-            model_every=config.save_model_every,
-            progress_every=config.save_progress_every,
-        )
+        autosave = _autosaver(config, state, engine)
         autosave.resume()
-        spec = model_spec(
-            config.engine.env,
-            engine.weights(),
-            state.identity.architecture,
-            data=config.engine.data,
-        )
+        spec = _model_spec(config, engine, state)
         member = PopulationMember(
             engine,
             participant_id=config.participant_id,
@@ -359,43 +308,25 @@ def train_population(config: TrainConfig, ranks: RankGroup | None = None) -> Cou
             f"{member.generation}, {hyperparameter_text(engine.hyperparameters())}",
             err=True,
         )
-        engine.start()
-        start = engine.counters.episodes
-        reporter = ProgressReporter(interval_s=config.log_interval)
-        progress = TrainingProgress(
+        start, reporter, progress = _start(config, engine)
+
+        def on_poll(result: PollResult) -> None:
+            autosave(result)
+            generation = member.generation
+            member.after_poll(result)
+            if member.generation != generation:
+                # The copied model is this member's now: keep it before anything else.
+                autosave.save_all()
+            progress(engine.counters, result, generation=member.generation)
+
+        interrupted, failure = _poll_in_session(
+            engine,
             reporter,
-            target=start + config.episodes,
-            epsilon=_epsilon(config),
-            replay_size=lambda: engine.replay_size,
-            gpus=_gpu_monitor(reporter),
+            on_poll,
+            goal_reached=lambda: member.goal_reached,
+            budget_spent=lambda counters: _budget_spent(config, counters, start),
+            on_interrupt="reporting and saving",
         )
-        interrupted = False
-        failure: RankFailureError | None = None
-        try:
-            while not engine.stopping:
-                result = engine.poll()
-                autosave(result)
-                generation = member.generation
-                member.after_poll(result)
-                if member.generation != generation:
-                    # The copied model is this member's now: keep it before anything else.
-                    autosave.save_all()
-                counters = engine.counters
-                progress(counters, result, generation=member.generation)
-                if member.goal_reached:
-                    reporter.write("the session reached its goal")
-                    engine.request_stop()
-                elif counters.episodes - start >= config.episodes or (
-                    0 < config.max_env_steps <= counters.env_steps
-                ):
-                    engine.request_stop()
-        except KeyboardInterrupt:
-            interrupted = True
-            reporter.write("interrupted: reporting and saving")
-        except RankFailureError as exc:
-            failure = exc
-        finally:
-            reporter.close()
         member.finish(timeout_s=10.0 if interrupted or failure else 60.0)
         autosave.save_all()
         if failure is not None:
@@ -416,6 +347,83 @@ def train_population(config: TrainConfig, ranks: RankGroup | None = None) -> Cou
         engine.close()
         state.close()
         restore_signals(previous)
+
+
+def _autosaver(config: TrainConfig, state: StateDir, engine: TrainingEngine) -> Autosaver:
+    return Autosaver(
+        state,
+        engine,
+        model_every=config.save_model_every,
+        progress_every=config.save_progress_every,
+    )
+
+
+def _model_spec(config: TrainConfig, engine: TrainingEngine, state: StateDir) -> tpb.ModelSpec:
+    """What the server checks a joining participant's model against: env, shapes, architecture."""
+    return model_spec(
+        config.engine.env,
+        engine.weights(),
+        state.identity.architecture,
+        data=config.engine.data,
+    )
+
+
+def _start(
+    config: TrainConfig, engine: TrainingEngine
+) -> tuple[int, ProgressReporter, TrainingProgress]:
+    """Starts the engine and the progress lines; this run's --episodes count from `start`."""
+    engine.start()
+    start = engine.counters.episodes
+    reporter = ProgressReporter(interval_s=config.log_interval)
+    progress = TrainingProgress(
+        reporter,
+        target=start + config.episodes,
+        epsilon=_epsilon(config),
+        replay_size=lambda: engine.replay_size,
+        gpus=_gpu_monitor(reporter),
+    )
+    return start, reporter, progress
+
+
+def _budget_spent(config: TrainConfig, counters: Counters, start: int) -> bool:
+    """This run's own budget: --episodes since `start`, or --max-env-steps in all (0: none)."""
+    return counters.episodes - start >= config.episodes or (
+        0 < config.max_env_steps <= counters.env_steps
+    )
+
+
+def _poll_in_session(
+    engine: TrainingEngine,
+    reporter: ProgressReporter,
+    on_poll: Callable[[PollResult], None],
+    *,
+    goal_reached: Callable[[], bool],
+    budget_spent: Callable[[Counters], bool],
+    on_interrupt: str,
+) -> tuple[bool, RankFailureError | None]:
+    """Polls until the session's goal or this run's budget is reached; (interrupted, failure).
+
+    Ctrl-C and another rank's death end the polling but are returned, not
+    raised, so that the caller still hands its work to the server (in a
+    shorter time) and saves before it raises the failure.
+    """
+    try:
+        # As rank 0 of several, a stop takes effect once the ranks agree on it.
+        while not engine.stopping:
+            on_poll(engine.poll())
+            if goal_reached():
+                reporter.write("the session reached its goal")
+                engine.request_stop()
+            elif budget_spent(engine.counters):
+                engine.request_stop()
+    except KeyboardInterrupt:
+        reporter.write(f"interrupted: {on_interrupt}")
+        return True, None
+    except RankFailureError as exc:
+        return False, exc
+    finally:
+        reporter.close()
+    return False, None
 
 
 def open_state_dir(config: TrainConfig, engine: TrainingEngine) -> StateDir:
