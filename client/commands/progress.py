@@ -19,7 +19,6 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from tqdm import tqdm
@@ -27,6 +26,7 @@ from tqdm import tqdm
 from fedrl.client.commands.gpu_stats import GpuMonitor
 from fedrl.client.training.engine import Counters, PollResult
 from fedrl.client.training.exploration import apex_epsilons
+from fedrl.common.closing import Closing
 
 if TYPE_CHECKING:
     from fedrl.client.federation.server_link import ServerView
@@ -102,7 +102,7 @@ def _compact(value: FieldValue, field: ProgressField) -> str:
     return format_value(field, value)
 
 
-class ProgressReporter:
+class ProgressReporter(Closing):
     """Shows the documented progress fields: a tqdm bar on a terminal, periodic lines otherwise.
 
     `update` may be called every poll (tens of times a second): the bar is
@@ -183,17 +183,6 @@ class ProgressReporter:
             self._bar.close()
             self._bar = None
         self._closed = True
-
-    def __enter__(self) -> ProgressReporter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _emit(self) -> None:
         if not self._tty:

@@ -16,11 +16,12 @@ import importlib
 import importlib.util
 from collections.abc import Iterable
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from fedrl.common.closing import Closing
 
 VIDEO_INSTALL_HINT = "videos need PyAV or Pillow: pip install 'fedrl[video]'"
 H264_ENCODERS = ("libx264", "h264", "libopenh264")
@@ -62,7 +63,7 @@ def with_caption(frame: npt.NDArray[np.uint8], text: str) -> npt.NDArray[np.uint
     return np.asarray(image)
 
 
-class VideoWriter:
+class VideoWriter(Closing):
     """Writes RGB frames of one size to `path`: MP4, or GIF (see the module's notes).
 
     `path` says what was asked for; `written` where the video went (a GIF
@@ -130,17 +131,6 @@ class VideoWriter:
                 loop=0,
             )
             self._gif = []
-
-    def __enter__(self) -> VideoWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def count_frames(path: Path) -> int:

@@ -31,8 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import numpy.typing as npt
@@ -75,6 +74,7 @@ from fedrl.client.training.shm import (
 )
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.client.training.vector_env import env_shape, make_vector_env, observation_dtype
+from fedrl.common.closing import Closing
 from fedrl.common.config_cli import doc
 from fedrl.envs.atari import is_atari
 
@@ -233,7 +233,7 @@ class _ActorHandle:
     """Lives before this one (restarts and respawns with new hyperparameters): its seed stream."""
 
 
-class TrainingEngine:
+class TrainingEngine(Closing):
     """Actors, learner and evaluation, in one process (workers=0) or across processes."""
 
     def __init__(
@@ -553,17 +553,9 @@ class TrainingEngine:
             self._board.close()
             self._board = None
 
-    def __enter__(self) -> TrainingEngine:
+    def __enter__(self) -> Self:
         self.start()
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     # -- the loop ------------------------------------------------------------
 
