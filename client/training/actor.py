@@ -22,20 +22,12 @@ import torch
 
 from fedrl.client.training.exploration import actor_epsilons, epsilon_greedy
 from fedrl.client.training.frame_actor import FrameActorCore, FrameActorSpec
-from fedrl.client.training.frame_slots import FrameLayout
+from fedrl.client.training.frame_slots import SlotLayout
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.nstep import NStepAccumulator
 from fedrl.client.training.ppo_actor import PPOActorCore, PPOActorSpec
 from fedrl.client.training.q_network import DEFAULT_NETWORK, build_q_network, load_named_arrays
-from fedrl.client.training.shm import (
-    BoardLayout,
-    RingLayout,
-    RolloutLayout,
-    SlotFill,
-    SlotRing,
-    TransitionSlot,
-    WeightsBoard,
-)
+from fedrl.client.training.shm import BoardLayout, SlotFill, SlotRing, TransitionSlot, WeightsBoard
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.client.training.vector_env import (
     as_observations,
@@ -230,7 +222,7 @@ def actor_process(
     *,
     spec: ActorSpec | PPOActorSpec | FrameActorSpec,
     ring_name: str,
-    ring_layout: RingLayout | RolloutLayout | FrameLayout,
+    ring_layout: SlotLayout,
     board_name: str,
     board_layout: BoardLayout,
     free_slots: Connection,

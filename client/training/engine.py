@@ -50,7 +50,7 @@ from fedrl.client.training.distributed import RankGroup, RoundLedger, RoundOutco
 from fedrl.client.training.evaluation import EvalResult, Evaluator, Scorer, greedy_policy
 from fedrl.client.training.frame_actor import FrameActorCore, FrameActorSpec
 from fedrl.client.training.frame_segment import FrameSegment
-from fedrl.client.training.frame_slots import FrameLayout, FrameSlot
+from fedrl.client.training.frame_slots import FrameLayout, FrameSlot, SlotLayout
 from fedrl.client.training.hyperparameters import (
     Hyperparameters,
     actors_need_restart,
@@ -405,10 +405,10 @@ class TrainingEngine(Closing):
             slots = range(index * per_actor, (index + 1) * per_actor)
             self._actors.append(self._spawn(index, slots, generation=0))
 
-    def ring_layout(self, workers: int) -> RingLayout | RolloutLayout | FrameLayout:
+    def ring_layout(self, workers: int) -> SlotLayout:
         """The shared-memory slots `workers` actor processes fill (what start() allocates)."""
         per_actor = self._slots_per_actor
-        layout: RingLayout | RolloutLayout | FrameLayout
+        layout: SlotLayout
         if self.frames:
             layout = FrameLayout(
                 num_slots=workers * per_actor,
@@ -893,16 +893,8 @@ class TrainingEngine(Closing):
         for position, actor in enumerate(self._actors):
             actor.process.kill()
             actor.process.join(timeout=5.0)
-            with contextlib.suppress(OSError):
-                actor.free_slots.close()
-                actor.filled_slots.close()
             # A fresh seed stream, as after a restart; the failure budget is untouched.
-            self._actors[position] = self._spawn(
-                actor.spec.index,
-                actor.slots,
-                generation=actor.generation + 1,
-                restarts=actor.restarts,
-            )
+            self._replace_actor(position, restarts=actor.restarts)
         self._publish()
 
     def on_batch(self, hook: Callable[[LearnerTransitions], None]) -> None:
@@ -948,15 +940,20 @@ class TrainingEngine(Closing):
                 except (EOFError, OSError):
                     break
                 self._take_fill(actor, parse_fill(message))
-            with contextlib.suppress(OSError):
-                actor.free_slots.close()
-                actor.filled_slots.close()
-            self._actors[position] = self._spawn(
-                actor.spec.index,
-                actor.slots,
-                generation=actor.generation + 1,
-                restarts=actor.restarts + 1,
-            )
+            self._replace_actor(position, restarts=actor.restarts + 1)
+
+    def _replace_actor(self, position: int, *, restarts: int) -> None:
+        """A successor on the same slots, in the next generation, for an actor that is gone."""
+        actor = self._actors[position]
+        with contextlib.suppress(OSError):
+            actor.free_slots.close()
+            actor.filled_slots.close()
+        self._actors[position] = self._spawn(
+            actor.spec.index,
+            actor.slots,
+            generation=actor.generation + 1,
+            restarts=restarts,
+        )
 
     def _publish(self) -> None:
         weights = self.learner.weights()

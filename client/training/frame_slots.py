@@ -15,7 +15,14 @@ import numpy as np
 import numpy.typing as npt
 
 from fedrl.client.training.frame_segment import FrameSegment
-from fedrl.client.training.shm import FieldSpec, SlotFill, _fields_bytes, _views
+from fedrl.client.training.shm import (
+    FieldSpec,
+    RingLayout,
+    RolloutLayout,
+    SlotFill,
+    _fields_bytes,
+    _views,
+)
 
 _ROW_COLUMNS = ("env", "obs_step", "next_step", "action", "reward", "discount")
 
@@ -62,6 +69,10 @@ class FrameLayout:
 
     def make_slot(self, buf: memoryview, offset: int) -> FrameSlot:
         return FrameSlot(buf, offset, self)
+
+
+SlotLayout = RingLayout | RolloutLayout | FrameLayout
+"""Any geometry a SlotRing is built on: transitions (DQN), rollouts (PPO) or frames (Atari DQN)."""
 
 
 class FrameSlot:
