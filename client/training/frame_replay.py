@@ -39,7 +39,13 @@ import numpy as np
 
 from fedrl.client.training.cnn import is_image
 from fedrl.client.training.frame_segment import FrameSegment
-from fedrl.client.training.replay import PrioritizedReplay, SampledBatch, SumTree
+from fedrl.client.training.replay import (
+    PrioritizedReplay,
+    SampledBatch,
+    SumTree,
+    check_priority_settings,
+    checked_priority_update,
+)
 from fedrl.client.training.transitions import LearnerTransitions
 
 MATCH_AHEAD = 8
@@ -69,10 +75,7 @@ class FrameReplay:
             raise ValueError(f"a frame replay holds stacks [k, H, W], got shape {obs_shape}")
         if capacity < obs_shape[0] + 1:
             raise ValueError(f"replay capacity must be at least {obs_shape[0] + 1} frames")
-        if alpha < 0.0:
-            raise ValueError(f"alpha must be >= 0, got {alpha}")
-        if eps <= 0.0:
-            raise ValueError(f"eps must be > 0 so no transition becomes unreachable, got {eps}")
+        check_priority_settings(alpha, eps)
         self.obs_shape = tuple(obs_shape)
         self.prioritized = prioritized
         self._stack = obs_shape[0]
@@ -469,16 +472,7 @@ class FrameReplay:
         Entries that died since they were drawn keep priority 0. A no-op for
         uniform replay.
         """
-        indices = np.asarray(indices)
-        td_abs = np.asarray(td_abs, dtype=np.float64)
-        if indices.shape != td_abs.shape or indices.ndim != 1:
-            raise ValueError(
-                f"indices {indices.shape} and td_abs {td_abs.shape} must be equal 1-D shapes"
-            )
-        if indices.size and (indices.min() < 0 or indices.max() >= self._capacity):
-            raise ValueError(f"priority indices must lie in [0, {self._capacity})")
-        if not np.all(np.isfinite(td_abs)):
-            raise ValueError("td_abs holds a NaN or infinite value")
+        indices, td_abs = checked_priority_update(indices, td_abs, bound=self._capacity)
         if not self.prioritized or indices.size == 0:
             return
         alive = self._live[indices]

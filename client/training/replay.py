@@ -126,10 +126,7 @@ class PrioritizedReplay:
     ) -> None:
         if capacity < 1:
             raise ValueError(f"replay capacity must be at least 1, got {capacity}")
-        if alpha < 0.0:
-            raise ValueError(f"alpha must be >= 0, got {alpha}")
-        if eps <= 0.0:
-            raise ValueError(f"eps must be > 0 so no transition becomes unreachable, got {eps}")
+        check_priority_settings(alpha, eps)
         self._capacity = capacity
         self.obs_shape = tuple(obs_shape)
         self.prioritized = prioritized
@@ -225,18 +222,37 @@ class PrioritizedReplay:
 
         A no-op for uniform replay, so the learner need not care which it has.
         """
-        indices = np.asarray(indices)
-        td_abs = np.asarray(td_abs, dtype=np.float64)
-        if indices.shape != td_abs.shape or indices.ndim != 1:
-            raise ValueError(
-                f"indices {indices.shape} and td_abs {td_abs.shape} must be equal 1-D shapes"
-            )
-        if indices.size and (indices.min() < 0 or indices.max() >= self._size):
-            raise ValueError(f"priority indices must lie in [0, {self._size})")
-        if not np.all(np.isfinite(td_abs)):
-            raise ValueError("td_abs holds a NaN or infinite value")
+        indices, td_abs = checked_priority_update(indices, td_abs, bound=self._size)
         if self._tree is None or indices.size == 0:
             return
         priorities = (np.abs(td_abs) + self._eps) ** self._alpha
         self._tree.set(indices.astype(np.int64, copy=False), priorities)
         self._max_priority = max(self._max_priority, float(priorities.max()))
+
+
+def check_priority_settings(alpha: float, eps: float) -> None:
+    """Refuses PER settings under which sampling breaks: a negative exponent inverts the
+    priorities, and eps = 0 gives a transition with zero TD error no chance to be drawn again."""
+    if alpha < 0.0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}")
+    if eps <= 0.0:
+        raise ValueError(f"eps must be > 0 so no transition becomes unreachable, got {eps}")
+
+
+def checked_priority_update(
+    indices: np.ndarray, td_abs: np.ndarray, *, bound: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`indices` and `td_abs` as arrays, refused unless they pair up, the indices lie in
+    [0, bound) and every error is finite: the learner's numbers would otherwise corrupt the
+    sum tree, where a bad priority skews every later draw."""
+    indices = np.asarray(indices)
+    td_abs = np.asarray(td_abs, dtype=np.float64)
+    if indices.shape != td_abs.shape or indices.ndim != 1:
+        raise ValueError(
+            f"indices {indices.shape} and td_abs {td_abs.shape} must be equal 1-D shapes"
+        )
+    if indices.size and (indices.min() < 0 or indices.max() >= bound):
+        raise ValueError(f"priority indices must lie in [0, {bound})")
+    if not np.all(np.isfinite(td_abs)):
+        raise ValueError("td_abs holds a NaN or infinite value")
+    return indices, td_abs
