@@ -29,7 +29,6 @@ import contextlib
 import logging
 import math
 import threading
-import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ import numpy as np
 
 from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.errors import UnavailableError
+from fedrl.client.federation.event_record import event_record
 from fedrl.client.federation.federation_client import FederationClient
 from fedrl.client.training.engine import PollResult, TrainingEngine
 from fedrl.common.chunking import NamedTensors, chunk_tensors
@@ -371,14 +371,5 @@ class PopulationMember:
         self._take(outcome)
 
     def _record(self, kind: str, **fields: Any) -> None:
-        if self._on_record is None:
-            return
-        counters = self._engine.counters
-        record: dict[str, Any] = {
-            "kind": kind,
-            "time": round(time.time(), 3),
-            "episode": counters.episodes,
-            "env_steps": counters.env_steps,
-        }
-        record.update({key: value for key, value in fields.items() if value is not None})
-        self._on_record(record)
+        if self._on_record is not None:
+            self._on_record(event_record(kind, self._engine.counters, **fields))

@@ -69,6 +69,7 @@ import grpc
 import numpy as np
 
 from fedrl.client.federation.errors import AlreadySeededError, RejectedError, UnavailableError
+from fedrl.client.federation.event_record import event_record
 from fedrl.client.federation.federation_client import (
     FederationClient,
     GlobalModel,
@@ -358,17 +359,8 @@ class WeightSync:
         )
 
     def _record(self, kind: str, **fields: Any) -> None:
-        if self._on_record is None:
-            return
-        counters = self._engine.counters
-        record: dict[str, Any] = {
-            "kind": kind,
-            "time": round(time.time(), 3),
-            "episode": counters.episodes,
-            "env_steps": counters.env_steps,
-        }
-        record.update({key: value for key, value in fields.items() if value is not None})
-        self._on_record(record)
+        if self._on_record is not None:
+            self._on_record(event_record(kind, self._engine.counters, **fields))
 
     def _metrics(self) -> pb.UpdateMetrics:
         metrics = pb.UpdateMetrics()
