@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import struct
-from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import torch
+from torch import nn
 
 from fedrl.client.training.exploration import actor_epsilons, epsilon_greedy
 from fedrl.client.training.frame_actor import FrameActorCore, FrameActorSpec
@@ -26,7 +26,7 @@ from fedrl.client.training.frame_slots import SlotLayout
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.nstep import NStepAccumulator
 from fedrl.client.training.ppo_actor import PPOActorCore, PPOActorSpec
-from fedrl.client.training.q_network import DEFAULT_NETWORK, build_q_network, load_named_arrays
+from fedrl.client.training.q_network import DEFAULT_NETWORK, build_q_network
 from fedrl.client.training.shm import BoardLayout, SlotFill, SlotRing, TransitionSlot, WeightsBoard
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.client.training.vector_env import (
@@ -36,6 +36,7 @@ from fedrl.client.training.vector_env import (
     observation_dtype,
     reset_seeded,
 )
+from fedrl.client.training.weights_follower import WeightsFollower
 
 # Slot fill messages: (slot, rows, episodes, env_steps), fixed size and far
 # below PIPE_BUF, so a write is atomic even if the actor is killed mid-send.
@@ -116,7 +117,7 @@ class Collected:
     episode_lengths: npt.NDArray[np.int64]
 
 
-class ActorCore:
+class ActorCore(WeightsFollower[nn.Module]):
     """Collects n-step transitions from one env batch with per-env exploration rates."""
 
     def __init__(self, spec: ActorSpec) -> None:
@@ -151,13 +152,6 @@ class ActorCore:
             obs_dtype=observation_dtype(self.obs_shape),
         )
         self._obs = reset_seeded(self._env, env_seeds)
-        self.weights_version = -1
-
-    def load_weights(
-        self, arrays: Sequence[tuple[str, npt.NDArray[np.generic]]], version: int
-    ) -> None:
-        load_named_arrays(self._net, list(arrays))
-        self.weights_version = version
 
     def act(self, obs: npt.NDArray[np.float32]) -> npt.NDArray[np.int64]:
         """ε-greedy with each env's own ε, from one batched forward pass."""

@@ -28,18 +28,20 @@ import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
 import torch
+from torch import nn
 
 from fedrl.client.training.exploration import epsilon_greedy
 from fedrl.client.training.frame_segment import FrameSegment
 from fedrl.client.training.frame_slots import FrameSlot
 from fedrl.client.training.nstep import NStepAccumulator
-from fedrl.client.training.q_network import build_q_network, load_named_arrays
+from fedrl.client.training.q_network import build_q_network
 from fedrl.client.training.vector_env import (
     as_observations,
     env_shape,
     make_vector_env,
     reset_seeded,
 )
+from fedrl.client.training.weights_follower import WeightsFollower
 from fedrl.envs.atari import lives
 
 if TYPE_CHECKING:
@@ -74,7 +76,7 @@ class CollectedFrames:
     """Agent steps of those games."""
 
 
-class FrameActorCore:
+class FrameActorCore(WeightsFollower[nn.Module]):
     """Collects frame segments from one batch of game envs with per-env exploration rates."""
 
     def __init__(self, spec: FrameActorSpec) -> None:
@@ -109,7 +111,6 @@ class FrameActorCore:
         self._score = np.zeros(envs, dtype=np.float64)
         self._length = np.zeros(envs, dtype=np.int64)
         self._held = _Rows.empty()
-        self.weights_version = -1
 
     @property
     def env(self) -> gym.vector.VectorEnv:
@@ -119,12 +120,6 @@ class FrameActorCore:
     @property
     def num_envs(self) -> int:
         return self._spec.actor.num_envs
-
-    def load_weights(
-        self, arrays: Sequence[tuple[str, npt.NDArray[np.generic]]], version: int
-    ) -> None:
-        load_named_arrays(self._net, list(arrays))
-        self.weights_version = version
 
     def act(self, obs: npt.NDArray[np.uint8]) -> npt.NDArray[np.int64]:
         """ε-greedy with each env's own ε, from one batched forward pass over uint8 stacks."""

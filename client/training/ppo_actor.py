@@ -10,7 +10,6 @@ actor processes, shared memory and serial mode serve both
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,8 +17,7 @@ import numpy.typing as npt
 import torch
 
 from fedrl.client.training.networks import NetworkConfig
-from fedrl.client.training.policy_network import build_actor_critic
-from fedrl.client.training.q_network import load_named_arrays
+from fedrl.client.training.policy_network import ActorCritic, build_actor_critic
 from fedrl.client.training.rollout import Rollout, RolloutRecorder
 from fedrl.client.training.shm import RolloutSlot
 from fedrl.client.training.vector_env import (
@@ -28,6 +26,7 @@ from fedrl.client.training.vector_env import (
     make_vector_env,
     reset_seeded,
 )
+from fedrl.client.training.weights_follower import WeightsFollower
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ class CollectedRollout:
     episode_lengths: npt.NDArray[np.int64]
 
 
-class PPOActorCore:
+class PPOActorCore(WeightsFollower[ActorCritic]):
     """Collects rollouts from one env batch with the newest policy it was given."""
 
     def __init__(self, spec: PPOActorSpec) -> None:
@@ -88,13 +87,6 @@ class PPOActorCore:
             steps=spec.steps_per_slot,
             obs_dtype=self._obs.dtype.type,
         )
-        self.weights_version = -1
-
-    def load_weights(
-        self, arrays: Sequence[tuple[str, npt.NDArray[np.generic]]], version: int
-    ) -> None:
-        load_named_arrays(self._net, list(arrays))
-        self.weights_version = version
 
     def collect(self) -> CollectedRollout:
         """One rollout of `steps_per_slot` vector steps."""
