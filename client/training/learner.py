@@ -556,14 +556,7 @@ class Learner:
         interval counts from the next update; gamma lives in the actors'
         n-step returns (the engine restarts them). Any other field must stay.
         """
-        changed = sorted(
-            f.name
-            for f in dataclasses.fields(config)
-            if f.name not in RECONFIGURABLE
-            and getattr(self.config, f.name) != getattr(config, f.name)
-        )
-        if changed:
-            raise ValueError(f"a running DQN learner cannot change {changed}")
+        refuse_fixed_changes(self.config, config, RECONFIGURABLE, algorithm="DQN")
         self.config = config
         for group in self.optimizer.param_groups:
             group["lr"] = config.lr
@@ -622,6 +615,20 @@ def _check_fits(what: str, module: nn.Module, saved: dict[str, Any]) -> None:
     if expected != got:
         differing = sorted(set(expected.items()) ^ set(got.items()))
         raise ValueError(f"learner state's {what} network does not fit this one: {differing[:4]}")
+
+
+def refuse_fixed_changes(
+    before: Any, after: Any, reconfigurable: frozenset[str], *, algorithm: str
+) -> None:
+    """ValueError when the config `after` differs from `before` outside `reconfigurable`: a
+    running learner built its networks, replay and optimizer from those fields."""
+    changed = sorted(
+        f.name
+        for f in dataclasses.fields(after)
+        if f.name not in reconfigurable and getattr(before, f.name) != getattr(after, f.name)
+    )
+    if changed:
+        raise ValueError(f"a running {algorithm} learner cannot change {changed}")
 
 
 def to_cpu(value: Any) -> Any:

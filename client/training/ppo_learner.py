@@ -11,7 +11,6 @@ learning-rate annealing and gradient clipping. Collection happens elsewhere
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -22,7 +21,7 @@ from torch import nn
 
 from fedrl.client.training.cnn import is_image
 from fedrl.client.training.distributed import GradientSync
-from fedrl.client.training.learner import resolve_device, to_cpu
+from fedrl.client.training.learner import refuse_fixed_changes, resolve_device, to_cpu
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.policy_network import ActorCritic, build_actor_critic
 from fedrl.client.training.q_network import load_named_arrays, named_arrays
@@ -448,14 +447,7 @@ class PPOLearner:
 
         Each is read afresh by the next update; any other field must stay.
         """
-        changed = sorted(
-            f.name
-            for f in dataclasses.fields(config)
-            if f.name not in RECONFIGURABLE
-            and getattr(self.config, f.name) != getattr(config, f.name)
-        )
-        if changed:
-            raise ValueError(f"a running PPO learner cannot change {changed}")
+        refuse_fixed_changes(self.config, config, RECONFIGURABLE, algorithm="PPO")
         self.config = config
 
     def reset_optimizer(self) -> None:
