@@ -42,6 +42,33 @@ class StepStats:
     episode_lengths: npt.NDArray[np.int64]
 
 
+class EpisodeTally:
+    """Each env's running episode return and length, reported as StepStats when episodes end.
+
+    Steps that belong to no episode (autoreset steps) come with valid False
+    and zero reward, so they add to neither figure.
+    """
+
+    def __init__(self, num_envs: int) -> None:
+        self._return = np.zeros(num_envs, dtype=np.float64)
+        self._length = np.zeros(num_envs, dtype=np.int64)
+
+    def step(
+        self, rewards: np.ndarray, valid: npt.NDArray[np.bool_], done: npt.NDArray[np.bool_]
+    ) -> StepStats:
+        """Adds one vector step; the episodes that `done` ends are reported and start afresh."""
+        self._return += rewards
+        self._length += valid
+        stats = StepStats(
+            env_steps=int(valid.sum()),
+            episode_returns=self._return[done].copy(),
+            episode_lengths=self._length[done].copy(),
+        )
+        self._return[done] = 0.0
+        self._length[done] = 0
+        return stats
+
+
 class NStepAccumulator:
     """Turns per-step vector-env output into n-step `LearnerTransitions` rows.
 
@@ -76,8 +103,7 @@ class NStepAccumulator:
         # Envs whose previous step ended an episode: their next step is the
         # autoreset step, whose (obs, action, reward) belong to no episode.
         self._resetting = np.zeros(num_envs, dtype=np.bool_)
-        self._episode_return = np.zeros(num_envs, dtype=np.float64)
-        self._episode_length = np.zeros(num_envs, dtype=np.int64)
+        self._tally = EpisodeTally(num_envs)
         self._t = 0
 
     def push(
@@ -133,15 +159,7 @@ class NStepAccumulator:
         self._live[emit] = False
 
         # Episode bookkeeping for metrics; the reset step counts toward neither.
-        self._episode_return += reward32
-        self._episode_length += valid
-        stats = StepStats(
-            env_steps=int(valid.sum()),
-            episode_returns=self._episode_return[done].copy(),
-            episode_lengths=self._episode_length[done].copy(),
-        )
-        self._episode_return[done] = 0.0
-        self._episode_length[done] = 0
+        stats = self._tally.step(reward32, valid, done)
 
         self._resetting = done if continues is None else done & ~continues
         self._t += 1

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from fedrl.client.training.nstep import StepStats
+from fedrl.client.training.nstep import EpisodeTally, StepStats
 
 _FLOAT32 = np.dtype(np.float32)
 
@@ -124,8 +124,7 @@ class RolloutRecorder:
         self._obs_shape, self._action_shape = obs_shape, action_shape
         self._obs_dtype = obs_dtype
         self._resetting = np.zeros(num_envs, dtype=np.bool_)
-        self._episode_return = np.zeros(num_envs, dtype=np.float64)
-        self._episode_length = np.zeros(num_envs, dtype=np.int64)
+        self._tally = EpisodeTally(num_envs)
         self._t = 0
         self._columns = self._allocate()
 
@@ -183,15 +182,9 @@ class RolloutRecorder:
         self._t += 1
 
         done = terminated | truncated
-        self._episode_return += reward32 if score is None else np.asarray(score) * valid
-        self._episode_length += valid
-        stats = StepStats(
-            env_steps=int(valid.sum()),
-            episode_returns=self._episode_return[done].copy(),
-            episode_lengths=self._episode_length[done].copy(),
+        stats = self._tally.step(
+            reward32 if score is None else np.asarray(score) * valid, valid, done
         )
-        self._episode_return[done] = 0.0
-        self._episode_length[done] = 0
         self._resetting = done
         return stats
 
