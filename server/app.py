@@ -39,7 +39,7 @@ from fedrl.server.aggregation import Strategy
 from fedrl.server.auth import HEALTH_METHODS, AuthInterceptor, server_transport
 from fedrl.server.config import ServerConfig
 from fedrl.server.dashboard.web import Dashboard
-from fedrl.server.handlers import guard_handler
+from fedrl.server.handlers import GuardingInterceptor, guard_handler
 from fedrl.server.population import Population
 from fedrl.server.population_service import SERVICE_NAME as POPULATION_SERVICE
 from fedrl.server.population_service import PopulationServicer
@@ -87,7 +87,7 @@ def server_options(config: ServerConfig) -> list[tuple[str, Any]]:
     ]
 
 
-class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # no stubs
+class MalformedRequestInterceptor(GuardingInterceptor):
     """Answers INVALID_ARGUMENT, naming the parse error, for request bytes that do not parse.
 
     grpc-python reports a request it cannot deserialise as UNKNOWN
@@ -97,13 +97,8 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[m
     is refused before the servicer sees it.
     """
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.request_deserializer is None:
+    def guard(self, handler: Any, method: str) -> grpc.RpcMethodHandler:
+        if handler.request_deserializer is None:
             return handler
         return _parse_guarded(handler)
 

@@ -26,7 +26,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +45,7 @@ from fedrl.common.tls import (
     participant_id_from_cert,
     write_private,
 )
-from fedrl.server.handlers import guard_handler
+from fedrl.server.handlers import GuardingInterceptor, guard_handler
 
 log = logging.getLogger(__name__)
 
@@ -357,7 +357,7 @@ class Authenticator:
             await _abort(context, exc)
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc has no stubs
+class AuthInterceptor(GuardingInterceptor):
     """Authenticates every call before its handler runs, so no RPC can forget to.
 
     Over TLS each call must also name its participant in fedrl-participant-bin
@@ -374,19 +374,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc
         self._exempt = exempt
         """Full method names open to anyone who completes the handshake, e.g. health checks."""
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
+    def guard(self, handler: Any, method: str) -> grpc.RpcMethodHandler:
         # On plaintext nobody is authenticated, so there is nothing to check up
         # front: a caller is who its metadata says.
-        if (
-            handler is None
-            or self._auth.mode is AuthMode.INSECURE
-            or handler_call_details.method in self._exempt
-        ):
+        if self._auth.mode is AuthMode.INSECURE or method in self._exempt:
             return handler
         return _guarded(handler, self._auth)
 

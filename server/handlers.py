@@ -10,6 +10,7 @@ once.
 from __future__ import annotations
 
 import inspect
+from abc import abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -19,6 +20,28 @@ Prepare = Callable[[Any, Any, bool], Awaitable[Any]]
 """(request or request iterator, context, requests_stream) -> what the servicer receives.
 
 It may abort the call; what it returns replaces the request (or the iterator)."""
+
+
+class GuardingInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc has no stubs
+    """An interceptor that hands every method's handler to guard(), which may wrap it.
+
+    Unknown methods (no handler) pass through untouched, so gRPC answers them
+    UNIMPLEMENTED as it would without the interceptor.
+    """
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        return self.guard(handler, handler_call_details.method)
+
+    @abstractmethod
+    def guard(self, handler: Any, method: str) -> grpc.RpcMethodHandler:
+        """The handler to serve `method` with: `handler` itself, or one from guard_handler."""
 
 
 def guard_handler(
