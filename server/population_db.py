@@ -424,71 +424,61 @@ def describe(conn: sqlite3.Connection, session: str, state: pb.SessionState) -> 
     """The members and their lineage into a session's status."""
     if not _has_table(conn, "members"):
         return
-    members = conn.execute(
+    members = _named_rows(
+        conn,
         "SELECT m.participant_id, m.generation, m.hyperparameters, m.score, m.env_steps, "
         "m.episodes, m.rankings, m.checkpoint, m.reported_ms, g.adopted_ms "
         "FROM members m JOIN member_generations g ON g.session=m.session "
         "AND g.participant_id=m.participant_id AND g.generation=m.generation "
         "WHERE m.session=? ORDER BY m.score IS NULL, m.score DESC, m.participant_id",
         (session,),
-    ).fetchall()
-    for (
-        pid,
-        generation,
-        values,
-        score,
-        steps,
-        episodes,
-        rankings,
-        path,
-        reported,
-        adopted,
-    ) in members:
+    )
+    for row in members:
         member = state.members.add(
-            participant_id=pid,
-            generation=generation,
-            hyperparameters=json.loads(values),
-            env_steps=steps,
-            episodes=episodes,
-            rankings=rankings,
-            checkpoint=path,
-            last_report_unix_ms=reported,
-            adopting=generation > 0 and adopted == 0,
+            participant_id=row["participant_id"],
+            generation=row["generation"],
+            hyperparameters=json.loads(row["hyperparameters"]),
+            env_steps=row["env_steps"],
+            episodes=row["episodes"],
+            rankings=row["rankings"],
+            checkpoint=row["checkpoint"],
+            last_report_unix_ms=row["reported_ms"],
+            adopting=row["generation"] > 0 and row["adopted_ms"] == 0,
         )
-        if score is not None:
-            member.score = score
-    generations = conn.execute(
+        if row["score"] is not None:
+            member.score = row["score"]
+    generations = _named_rows(
+        conn,
         "SELECT participant_id, generation, hyperparameters, donor, donor_generation, "
         "donor_score, score, env_steps, created_ms, adopted_ms FROM member_generations "
         "WHERE session=? ORDER BY created_ms, participant_id, generation",
         (session,),
-    ).fetchall()
-    for (
-        pid,
-        generation,
-        values,
-        donor,
-        donor_gen,
-        donor_score,
-        score,
-        steps,
-        created,
-        adopted,
-    ) in generations:
+    )
+    for row in generations:
         entry = state.lineage.add(
-            participant_id=pid,
-            generation=generation,
-            hyperparameters=json.loads(values),
-            donor=donor,
-            donor_generation=donor_gen,
-            env_steps=steps,
-            created_unix_ms=created,
-            adopted_unix_ms=adopted,
+            participant_id=row["participant_id"],
+            generation=row["generation"],
+            hyperparameters=json.loads(row["hyperparameters"]),
+            donor=row["donor"],
+            donor_generation=row["donor_generation"],
+            env_steps=row["env_steps"],
+            created_unix_ms=row["created_ms"],
+            adopted_unix_ms=row["adopted_ms"],
         )
-        if donor_score is not None:
-            entry.donor_score = donor_score
-        if score is not None:
-            entry.score = score
+        if row["donor_score"] is not None:
+            entry.donor_score = row["donor_score"]
+        if row["score"] is not None:
+            entry.score = row["score"]
+
+
+def _named_rows(
+    conn: sqlite3.Connection, sql: str, params: tuple[object, ...]
+) -> list[sqlite3.Row]:
+    """The rows of a query, read by column name, so that a long SELECT list and the code
+    reading it cannot drift out of order."""
+    cursor = conn.cursor()
+    cursor.row_factory = sqlite3.Row
+    return cursor.execute(sql, params).fetchall()
 
 
 def _has_table(conn: sqlite3.Connection, name: str) -> bool:
