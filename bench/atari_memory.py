@@ -93,19 +93,9 @@ def pushes(batches: list[LearnerTransitions]) -> list[LearnerTransitions]:
         pending.append(batch)
         if sum(len(b) for b in pending) >= PUSH:
             joined = LearnerTransitions.concat(pending)
-            out.append(reorder(joined, np.arange(len(joined) - PUSH, len(joined))))
+            out.append(joined.rows(np.arange(len(joined) - PUSH, len(joined))))
             pending = []
     return out
-
-
-def reorder(batch: LearnerTransitions, order: np.ndarray) -> LearnerTransitions:
-    return LearnerTransitions(
-        obs=batch.obs[order],
-        action=batch.action[order],
-        reward=batch.reward[order],
-        next_obs=batch.next_obs[order],
-        discount=batch.discount[order],
-    )
 
 
 def wire(batch: LearnerTransitions) -> ExperienceBatch:
@@ -158,7 +148,7 @@ def main() -> None:
         variants = {
             "ours": taken,
             "arrival order": batch,
-            "shuffled": reorder(batch, rng.permutation(rows)),
+            "shuffled": batch.rows(rng.permutation(rows)),
         }
         for name, variant in variants.items():
             start = time.perf_counter()

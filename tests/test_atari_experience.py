@@ -23,20 +23,10 @@ def game_transitions(segments: int = 12) -> LearnerTransitions:
     return collect(actor, FrameReplay(10_000, OBS_SHAPE, seed=0), segments, 8)
 
 
-def reorder(batch: LearnerTransitions, order: np.ndarray) -> LearnerTransitions:
-    return LearnerTransitions(
-        obs=batch.obs[order],
-        action=batch.action[order],
-        reward=batch.reward[order],
-        next_obs=batch.next_obs[order],
-        discount=batch.discount[order],
-    )
-
-
 def test_chain_order_puts_each_stack_after_the_one_it_continues() -> None:
     transitions = game_transitions()
     rows = len(transitions)
-    batch = reorder(transitions, np.random.default_rng(0).permutation(rows))
+    batch = transitions.rows(np.random.default_rng(0).permutation(rows))
 
     order = chain_order(batch.obs)
 

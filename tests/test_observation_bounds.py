@@ -103,13 +103,7 @@ def test_what_the_filter_keeps_the_server_accepts_and_what_it_drops_it_refuses(
     keep = BOUNDS.inside(batch)
 
     for row in range(12):
-        single = LearnerTransitions(
-            obs=batch.obs[row : row + 1],
-            action=batch.action[row : row + 1],
-            reward=batch.reward[row : row + 1],
-            next_obs=batch.next_obs[row : row + 1],
-            discount=batch.discount[row : row + 1],
-        )
+        single = batch.rows(slice(row, row + 1))
         wire = to_experience(single, n_step=1, gamma=GAMMA, spec_hash=SPEC_HASH)
         if keep[row]:
             validate_batch(

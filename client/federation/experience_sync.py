@@ -58,7 +58,7 @@ from fedrl.client.federation.experience_client import (
 )
 from fedrl.client.federation.experience_cursor import CursorFile
 from fedrl.client.federation.federation_client import FederationClient
-from fedrl.client.federation.observation_bounds import ObservationBounds, rows
+from fedrl.client.federation.observation_bounds import ObservationBounds
 from fedrl.client.federation.outbox import Entry, Outbox
 from fedrl.client.federation.server_link import ServerLink
 from fedrl.client.training.cnn import is_image
@@ -266,7 +266,7 @@ class ExperienceSync:
                 "shared, since the server would refuse the batch holding them",
                 self.unshared_out_of_bounds,
             )
-        return rows(batch, keep) if dropped < len(batch) else None
+        return batch.rows(keep) if dropped < len(batch) else None
 
     def adopt(self, engine: TrainingEngine) -> int:
         """Add the waiting pull to the engine's replay as foreign; the transitions added.

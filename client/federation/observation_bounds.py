@@ -51,14 +51,3 @@ class ObservationBounds:
             outside = np.less(column, self.low) | np.greater(column, self.high)
             keep &= ~outside.any(axis=axes)
         return keep
-
-
-def rows(batch: LearnerTransitions, keep: np.ndarray) -> LearnerTransitions:
-    """The rows of `batch` where `keep` holds, in order."""
-    return LearnerTransitions(
-        obs=batch.obs[keep],
-        action=batch.action[keep],
-        reward=batch.reward[keep],
-        next_obs=batch.next_obs[keep],
-        discount=batch.discount[keep],
-    )

@@ -84,6 +84,16 @@ class LearnerTransitions:
             if column.dtype.kind == "f" and not np.all(np.isfinite(column)):
                 raise ValueError(f"LearnerTransitions.{name} holds a NaN or infinite value")
 
+    def rows(self, index: np.ndarray | slice) -> LearnerTransitions:
+        """The transitions `index` picks (a boolean mask, positions or a slice), in its order."""
+        return LearnerTransitions(
+            obs=self.obs[index],
+            action=self.action[index],
+            reward=self.reward[index],
+            next_obs=self.next_obs[index],
+            discount=self.discount[index],
+        )
+
     @staticmethod
     def concat(batches: Sequence[LearnerTransitions]) -> LearnerTransitions:
         """Join batches end to end (e.g. the slices several actors produced)."""
