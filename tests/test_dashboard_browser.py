@@ -43,9 +43,13 @@ pytestmark = pytest.mark.skipif(
 
 CLIENT = [sys.executable, "-c", "from fedrl.client.commands.cli import main; main()"]
 # Trains until the test has seen what it needs and stops it (SIGTERM: push,
-# save, leave); the step cap only ends a run that the test never stops.
+# save, leave); the step cap only ends a run that the test never stops. The
+# session's goal is raised out of reach: the default 1,000 episodes took two
+# such trainers ~5 s, and a SIGTERM that finds a trainer already past its
+# run, exiting, kills it with -15 instead of stopping it.
 TINY = [
     "--episodes", "100000",
+    "--total-episodes", "100000000",
     "--max-env-steps", "30000",
     "--sync-interval", "2",
     "--workers", "0",
