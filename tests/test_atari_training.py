@@ -94,7 +94,6 @@ def test_two_participants_train_a_game_together_over_loopback(
         "--sync-interval", "2",
         "--push-transitions", "256",
         "--pull-transitions", "1024",
-        "--foreign-capacity", "4000",
         *TINY_GAME,
     ]  # fmt: skip
     pair = [
