@@ -41,9 +41,9 @@ from fedrl.client.training.cnn import is_image
 from fedrl.client.training.frame_segment import FrameSegment
 from fedrl.client.training.replay import (
     PrioritizedReplay,
+    ReplayStore,
     SampledBatch,
     SumTree,
-    check_priority_settings,
     checked_priority_update,
 )
 from fedrl.client.training.transitions import LearnerTransitions
@@ -55,37 +55,21 @@ HISTORY = 256
 _REDRAWS = 8
 
 
-class FrameReplay:
-    """`capacity` frames of stacks of shape `obs_shape` (k, H, W), and the transitions over them.
+class FrameReplay(ReplayStore):
+    """`capacity` frames of stacks of shape `obs_shape` (k, H, W), and the transitions over them."""
 
-    Not thread-safe: one owner adds, samples and updates.
-    """
-
-    def __init__(
-        self,
-        capacity: int,
-        obs_shape: tuple[int, ...],
-        *,
-        prioritized: bool = True,
-        alpha: float = 0.6,
-        eps: float = 1e-6,
-        seed: int,
-    ) -> None:
+    def _check(self, capacity: int, obs_shape: tuple[int, ...]) -> None:
         if len(obs_shape) != 3:
             raise ValueError(f"a frame replay holds stacks [k, H, W], got shape {obs_shape}")
         if capacity < obs_shape[0] + 1:
             raise ValueError(f"replay capacity must be at least {obs_shape[0] + 1} frames")
-        check_priority_settings(alpha, eps)
-        self.obs_shape = tuple(obs_shape)
-        self.prioritized = prioritized
-        self._stack = obs_shape[0]
-        self._capacity = capacity
-        self._alpha = alpha
-        self._eps = eps
-        self._rng = np.random.default_rng(seed)
+
+    def _allocate(self) -> None:
+        capacity = self._capacity
+        self._stack = self.obs_shape[0]
         pad = capacity  # the entry past the ring: an all-zero frame that starts every chain
         self._pad = pad
-        self._frames = np.zeros((capacity + 1, *obs_shape[1:]), dtype=np.uint8)
+        self._frames = np.zeros((capacity + 1, *self.obs_shape[1:]), dtype=np.uint8)
         self._first = np.zeros(capacity + 1, dtype=np.bool_)
         self._first[pad] = True
         # Frames are numbered in the order written (serials); entry serial % capacity holds
@@ -95,15 +79,9 @@ class FrameReplay:
         self._prev = np.full(capacity + 1, -1, dtype=np.int64)
         self._oldest = np.zeros(capacity, dtype=np.int64)
         self._next = np.zeros(capacity, dtype=np.int64)
-        self._action = np.zeros(capacity, dtype=np.int64)
-        self._reward = np.zeros(capacity, dtype=np.float32)
-        self._discount = np.zeros(capacity, dtype=np.float32)
-        self._foreign = np.zeros(capacity, dtype=np.bool_)
         self._live = np.zeros(capacity, dtype=np.bool_)
         self._tree = SumTree(capacity)
-        self._max_priority = 1.0
         self._written = 0
-        self._size = 0
         self._span = 0  # the most entries a stored transition's frames reach back
         # Per stream: the serials of its last HISTORY steps' frames, by step modulo HISTORY.
         self._streams = np.full((0, HISTORY), -1, dtype=np.int64)
@@ -113,10 +91,6 @@ class FrameReplay:
     def capacity(self) -> int:
         """Frames the ring holds; a transition takes about one."""
         return self._capacity
-
-    def __len__(self) -> int:
-        """Transitions that can be drawn."""
-        return self._size
 
     @property
     def frames_written(self) -> int:

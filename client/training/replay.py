@@ -102,14 +102,13 @@ class SumTree:
         return slots
 
 
-class PrioritizedReplay:
-    """A fixed-capacity FIFO of transitions, sampled by priority or uniformly.
+class ReplayStore:
+    """What every replay keeps alike: its settings, sampling state and per-transition columns.
 
-    Proportional prioritization (Schaul et al. 2016): slot i is drawn with
-    probability p_i^alpha / sum_j p_j^alpha where p_i = |TD error| + eps, and
-    corrected with importance weights (N * P(i))^-beta, divided by the batch's
-    largest so they only ever scale updates down. New transitions get the
-    highest priority seen so far, so each is replayed at least once soon.
+    One constructor for the plain and the frame replay, which are
+    interchangeable (fedrl.client.training.frame_replay.make_replay builds
+    either with the same arguments); each kind checks what it can hold
+    (`_check`) and allocates what it stores its own way (`_allocate`).
 
     Not thread-safe: one owner adds, samples and updates.
     """
@@ -124,8 +123,7 @@ class PrioritizedReplay:
         eps: float = 1e-6,
         seed: int,
     ) -> None:
-        if capacity < 1:
-            raise ValueError(f"replay capacity must be at least 1, got {capacity}")
+        self._check(capacity, tuple(obs_shape))
         check_priority_settings(alpha, eps)
         self._capacity = capacity
         self.obs_shape = tuple(obs_shape)
@@ -133,24 +131,51 @@ class PrioritizedReplay:
         self._alpha = alpha
         self._eps = eps
         self._rng = np.random.default_rng(seed)
-        self._obs = np.zeros((capacity, *self.obs_shape), dtype=np.float32)
-        self._next_obs = np.zeros((capacity, *self.obs_shape), dtype=np.float32)
         self._action = np.zeros(capacity, dtype=np.int64)
         self._reward = np.zeros(capacity, dtype=np.float32)
         self._discount = np.zeros(capacity, dtype=np.float32)
-        self._foreign = np.zeros(capacity, dtype=bool)
-        self._tree = SumTree(capacity) if prioritized else None
+        self._foreign = np.zeros(capacity, dtype=np.bool_)
         # In p^alpha space: what a new transition gets.
         self._max_priority = 1.0
-        self._next = 0
         self._size = 0
+        self._allocate()
+
+    def _check(self, capacity: int, obs_shape: tuple[int, ...]) -> None:
+        """Raise ValueError where this kind of replay cannot hold `capacity` of `obs_shape`."""
+        raise NotImplementedError
+
+    def _allocate(self) -> None:
+        """Allocate what this kind of replay stores beyond the shared columns."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        """Transitions that can be drawn."""
+        return self._size
+
+
+class PrioritizedReplay(ReplayStore):
+    """A fixed-capacity FIFO of transitions, sampled by priority or uniformly.
+
+    Proportional prioritization (Schaul et al. 2016): slot i is drawn with
+    probability p_i^alpha / sum_j p_j^alpha where p_i = |TD error| + eps, and
+    corrected with importance weights (N * P(i))^-beta, divided by the batch's
+    largest so they only ever scale updates down. New transitions get the
+    highest priority seen so far, so each is replayed at least once soon.
+    """
+
+    def _check(self, capacity: int, obs_shape: tuple[int, ...]) -> None:
+        if capacity < 1:
+            raise ValueError(f"replay capacity must be at least 1, got {capacity}")
+
+    def _allocate(self) -> None:
+        self._obs = np.zeros((self._capacity, *self.obs_shape), dtype=np.float32)
+        self._next_obs = np.zeros((self._capacity, *self.obs_shape), dtype=np.float32)
+        self._tree = SumTree(self._capacity) if self.prioritized else None
+        self._next = 0
 
     @property
     def capacity(self) -> int:
         return self._capacity
-
-    def __len__(self) -> int:
-        return self._size
 
     @property
     def nbytes(self) -> int:
