@@ -28,7 +28,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -83,6 +83,10 @@ TENSORBOARD_DIR = "tensorboard"
 SESSIONS_DIR = "sessions"
 DEFAULT_SESSION = "default"
 ACCEPTED_DELTA_DTYPES = (tpb.DTYPE_FLOAT32, tpb.DTYPE_FLOAT16, tpb.DTYPE_BFLOAT16)
+MAX_DIMS = 32
+"""Dimensions a spec's tensor or observation space may have: more than any network uses, and
+few enough that sizes and messages stay small (a Join naming 5,000 dimensions of 2^62 each
+made the size's decimal form too long for Python to print, answering UNKNOWN)."""
 FEDERATED, POPULATION = "federated", "pbt"
 """Session modes (JoinRequest.mode): averaging weight deltas, or population-based training."""
 
@@ -905,10 +909,7 @@ def check_spec(spec: tpb.ModelSpec, *, max_model_bytes: int) -> None:
                 f"model spec tensor {tensor.name!r} has dtype {tensor.dtype}; "
                 "trainable tensors are float32, float16 or bfloat16"
             )
-        if any(dim < 0 for dim in tensor.shape):
-            raise InvalidRequestError(
-                f"model spec tensor {tensor.name!r} has a negative dimension {list(tensor.shape)}"
-            )
+        _check_dims(tensor.shape, f"model spec tensor {tensor.name!r}")
         total += math.prod(tensor.shape) * 4
     if total > max_model_bytes:
         raise LimitExceededError(
@@ -919,21 +920,37 @@ def check_spec(spec: tpb.ModelSpec, *, max_model_bytes: int) -> None:
 
 def _check_bounds(space: tpb.SpaceSpec, what: str) -> None:
     """Box bounds the experience validation can hold observations to: none, or one per element."""
-    if any(dim < 0 for dim in space.shape):
-        raise InvalidRequestError(f"{what}.shape {list(space.shape)} has a negative dimension")
+    _check_dims(space.shape, f"{what}.shape")
     if not space.low and not space.high:
         return
     size = math.prod(space.shape)
     if len(space.low) != size or len(space.high) != size:
         raise InvalidRequestError(
             f"{what} has {len(space.low)} low and {len(space.high)} high bounds; "
-            f"its shape {list(space.shape)} needs {size} of each (or none)"
+            f"its shape {_shape_text(space.shape)} needs {size} of each (or none)"
         )
     for index, (low, high) in enumerate(zip(space.low, space.high, strict=True)):
         if not low <= high:
             raise InvalidRequestError(
                 f"{what} bound {index} is low {low}, high {high}; bounds need low <= high"
             )
+
+
+def _check_dims(shape: Sequence[int], what: str) -> None:
+    if len(shape) > MAX_DIMS:
+        raise InvalidRequestError(
+            f"{what} has {len(shape)} dimensions {_shape_text(shape)}; at most {MAX_DIMS}"
+        )
+    if any(dim < 0 for dim in shape):
+        raise InvalidRequestError(f"{what} has a negative dimension {_shape_text(shape)}")
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    """A shape for a message: whole when short, its first dimensions and a count when long."""
+    dims = list(shape)
+    if len(dims) <= 8:
+        return str(dims)
+    return f"[{', '.join(map(str, dims[:8]))}, ... ({len(dims)} dimensions)]"
 
 
 def check_tensors(spec: tpb.ModelSpec, tensors: NamedTensors, *, what: str) -> NamedTensors:

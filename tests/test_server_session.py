@@ -165,6 +165,24 @@ def test_a_spec_with_integer_tensors_is_refused_before_it_fixes_a_session(tmp_pa
         run(tmp_path, scenario)
 
 
+@pytest.mark.parametrize("where", ["observation", "tensor"])
+def test_a_spec_with_thousands_of_huge_dimensions_is_refused_in_a_short_message(
+    tmp_path: Path, where: str
+) -> None:
+    """5,000 dimensions of 2^62: their product has too many digits for Python to print."""
+    huge = make_spec([(4,)])
+    shape = huge.observation_space.shape if where == "observation" else huge.tensors[0].shape
+    del shape[:]
+    shape.extend([2**62] * 5_000)
+
+    async def scenario(federation: Federation) -> None:
+        await federation.join("other", "bob", huge, spec_hash(huge))
+
+    with pytest.raises(InvalidRequestError, match="5000 dimensions") as refused:
+        run(tmp_path, scenario)
+    assert len(str(refused.value)) < 300
+
+
 def push_three(values: tuple[float, ...]) -> Callable[[Federation], Awaitable[np.ndarray]]:
     """A scenario: alice, bob and carol push constant deltas; returns version 1."""
 
