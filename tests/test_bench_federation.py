@@ -223,8 +223,8 @@ def test_tasks_come_with_their_target_budget_and_marks(bench: ModuleType) -> Non
     assert (lunar.env, lunar.target, lunar.budget_steps, lunar.eval_every) == (
         "LunarLander-v3",
         100.0,
-        60_000,
-        2_000,
+        120_000,
+        4_000,
     )
     assert (custom.env, custom.target, custom.budget_steps) == ("CartPole-v1", 200.0, 2_000)
     assert bench.resolve_task(bench.TASKS["cartpole"], env="LunarLander-v3") == lunar
