@@ -92,7 +92,7 @@ the README's table of what a group of N should expect.
 Usage:
   .venv/bin/python bench/federation.py --quick
   .venv/bin/python bench/federation.py                      # CartPole, every mode, N = 1 2 4
-  # LunarLander (the box2d extra, make bench); the README's figures ran these two (N = 4: seeds 0-2):
+  # LunarLander (box2d extra, make bench); the README's figures (N = 4: seeds 0-2):
   .venv/bin/python bench/federation.py --task lunarlander --modes both --n 1
   .venv/bin/python bench/federation.py --task lunarlander --modes both --n 2 4 --budget 48000
   .venv/bin/python bench/federation.py --n 2 --modes both --seeds 0
