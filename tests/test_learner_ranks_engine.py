@@ -10,8 +10,6 @@ same weights.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import socket
 from multiprocessing.queues import Queue
 from typing import Any
 
@@ -23,6 +21,7 @@ from fedrl.client.training.distributed import RankGroup, RankPlace
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.transitions import LearnerTransitions
+from tests.support.ranks import run_two_ranks
 
 POLLS = 8
 FOREIGN_AT = 4
@@ -98,32 +97,9 @@ def rank_main(rank: int, port: int, results: Queue[Any]) -> None:
         group.close()
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def two_ranks() -> dict[int, Any]:
-    ctx = mp.get_context("spawn")
-    results: Queue[Any] = ctx.Queue()
-    port = free_port()
-    ranks = [ctx.Process(target=rank_main, args=(rank, port, results)) for rank in range(2)]
-    for process in ranks:
-        process.start()
-    try:
-        got = {}
-        for _ in ranks:
-            item = results.get(timeout=180)
-            got[item[0]] = item[1:]
-    finally:
-        for process in ranks:
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
-    assert [p.exitcode for p in ranks] == [0, 0]
-    return got
+    return run_two_ranks(rank_main, timeout_s=180)
 
 
 def test_foreign_transitions_at_rank_0_earn_every_rank_the_same_updates(

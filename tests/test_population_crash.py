@@ -27,8 +27,8 @@ from fedrl.server.model_store import read_checkpoint
 from fedrl.server.session import DB_FILE
 from tests.support.polling import wait_until
 from tests.support.population import enroll, join_population, pull_donor, report
+from tests.support.ports import free_port
 from tests.support.server_harness import ServerProcess, channel, make_spec
-from tests.test_server_crash import free_port
 
 SPEC = make_spec([(64, 64)])
 MEMBERS = ("alice", "Макар", "小明")

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import socket
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,54 +13,14 @@ from click.testing import CliRunner
 
 from fedrl.client.commands.cli import main
 from fedrl.client.commands.config import TrainConfig
-from fedrl.client.federation.backoff import BackoffPolicy
-from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.sync_loop import SyncLoop
 from fedrl.client.training.distributed import RankGroup, RankPlace
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
-from fedrl.client.training.learner import LearnerConfig
-from fedrl.client.training.q_network import architecture_name
 from fedrl.proto.v1 import federation_pb2 as pb
 from tests.support.experience import Server
-
-SMALL = LearnerConfig(hidden=(32, 32), learning_starts=64, batch_size=32, device="cpu")
-EXCHANGE = ExchangeConfig(push_transitions=200, pull_transitions=2000)
-
-
-@contextmanager
-def participant(
-    address: str,
-    state_dir: Path,
-    participant_id: str,
-    *,
-    learn: bool,
-    seed: int = 0,
-    records: list[dict[str, Any]] | None = None,
-) -> Iterator[tuple[TrainingEngine, SyncLoop]]:
-    engine = TrainingEngine(
-        EngineConfig(workers=0, envs_per_worker=2, eval_interval=0, seed=seed), SMALL, learn=learn
-    )
-    loop = SyncLoop(
-        engine,
-        state_dir=state_dir,
-        participant_id=participant_id,
-        session="default",
-        spec=model_spec("CartPole-v1", engine.weights(), architecture_name(SMALL.hidden, True)),
-        channel_factory=lambda: grpc.aio.insecure_channel(address),
-        sync_interval=3,
-        evaluate_global=False,
-        backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
-        exchange=EXCHANGE,
-        on_record=None if records is None else records.append,
-    )
-    try:
-        loop.start(connect_timeout_s=10.0)
-        engine.start()
-        yield engine, loop
-    finally:
-        loop.close()
-        engine.close()
+from tests.support.participant import SMALL, participant
+from tests.support.ports import free_port
 
 
 def status_of(server: Server) -> pb.SessionState:
@@ -206,9 +163,3 @@ def test_an_engine_that_only_acts_is_refused_learner_ranks(monkeypatch: pytest.M
             )
     finally:
         group.close()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])

@@ -11,7 +11,6 @@ skipped would break that, as would a gap in the version numbers.
 from __future__ import annotations
 
 import random
-import socket
 import sqlite3
 import threading
 import time
@@ -24,17 +23,12 @@ import pytest
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.server.session import DB_FILE
 from tests.support.polling import wait_until
+from tests.support.ports import free_port
 from tests.support.server_harness import ServerProcess, channel, join, make_spec, push, seed
 
 SPEC = make_spec([(100, 1000)])
 PARTICIPANTS = ("alice", "Макар", "小明")
 KILLS = 5
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class Pusher(threading.Thread):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +16,7 @@ from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.federation_client import FederationClient
 from fedrl.client.federation.server_link import ServerLink
 from fedrl.proto.v1 import federation_pb2 as pb
+from tests.support.ports import free_port
 from tests.support.server_harness import (
     CHANNEL_OPTIONS,
     InProcessServer,
@@ -31,12 +31,6 @@ SPEC = make_spec([(3, 2), (2,)])
 INITIAL = [np.zeros((3, 2), np.float32), np.zeros(2, np.float32)]
 DELTA = [np.full((3, 2), 0.5, np.float32), np.ones(2, np.float32)]
 WAIT_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class Heard:

@@ -11,7 +11,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.proto.v1 import federation_pb2 as pb
 from tests.support.polling import wait_until
+from tests.support.ports import free_port
 from tests.support.server_harness import InProcessServer, ServerProcess, server_config
 
 CLIENT = [sys.executable, "-c", "from fedrl.client.commands.cli import main; main()"]
@@ -282,7 +282,7 @@ def test_participant_killed_mid_run_resumes_and_nothing_is_applied_twice_or_lost
 def test_server_killed_and_restarted_mid_run_participants_reconnect_and_finish(
     tmp_path: Path, processes: list[Participant | ServerProcess]
 ) -> None:
-    port = _free_port()
+    port = free_port()
     options = ("--goal-episodes", "400", "--port", str(port))
     server = start_server(tmp_path / "server", processes, *options)
     pair = [
@@ -311,9 +311,3 @@ def test_server_killed_and_restarted_mid_run_participants_reconnect_and_finish(
     contributions = {p.participant_id: p.episodes for p in state.participants}
     expected = {"Макар": pair[0].stopped_at(), "alice": pair[1].stopped_at()}
     assert contributions == expected, [p.output for p in pair]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])

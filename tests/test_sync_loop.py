@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,16 +26,11 @@ from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
+from tests.support.ports import free_port
 from tests.support.server_harness import InProcessServer, server_config
 
 SMALL = LearnerConfig(hidden=(32, 32), learning_starts=64, batch_size=32, device="cpu")
 FAST_RETRY = BackoffPolicy(base_s=0.1, cap_s=0.5)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def make_engine(learner: LearnerConfig = SMALL) -> TrainingEngine:

@@ -2,70 +2,26 @@
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
 from fedrl.client.commands.config import TrainConfig
-from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.experience_client import KIND
-from fedrl.client.federation.experience_sync import ExchangeConfig
-from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.outbox import Outbox
-from fedrl.client.federation.sync_loop import Share, SyncLoop, shares_experience
+from fedrl.client.federation.sync_loop import shares_experience
 from fedrl.client.federation.weight_sync import UPDATE
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
-from fedrl.client.training.learner import LearnerConfig
-from fedrl.client.training.q_network import architecture_name
+from fedrl.client.training.engine import TrainingEngine
 from fedrl.common.config_cli import config_from_options
 from fedrl.proto.v1 import federation_pb2 as pb
 from tests.support.experience import Server
+from tests.support.participant import participant as shared_participant
 
-SMALL = LearnerConfig(hidden=(32, 32), learning_starts=64, batch_size=32, device="cpu")
-EXCHANGE = ExchangeConfig(push_transitions=200, pull_transitions=2000)
-
-
-@contextmanager
-def participant(
-    address: str,
-    state_dir: Path,
-    participant_id: str,
-    share: Share,
-    *,
-    seed: int = 0,
-    records: list[dict[str, Any]] | None = None,
-) -> Iterator[tuple[TrainingEngine, SyncLoop]]:
-    """A started engine and its sync loop."""
-    engine = TrainingEngine(
-        EngineConfig(workers=0, envs_per_worker=2, eval_interval=0, seed=seed), SMALL
-    )
-    spec = model_spec("CartPole-v1", engine.weights(), architecture_name(SMALL.hidden, True))
-    loop = SyncLoop(
-        engine,
-        state_dir=state_dir,
-        participant_id=participant_id,
-        session="default",
-        spec=spec,
-        channel_factory=lambda: grpc.aio.insecure_channel(address),
-        share=share,
-        sync_interval=3,
-        evaluate_global=False,
-        backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
-        exchange=EXCHANGE,
-        on_record=None if records is None else records.append,
-    )
-    try:
-        loop.start(connect_timeout_s=5.0)
-        engine.start()
-        yield engine, loop
-    finally:
-        loop.close()
-        engine.close()
+# Connecting to a server on loopback takes milliseconds; 5 s is this file's bound.
+participant = functools.partial(shared_participant, connect_timeout_s=5.0)
 
 
 def foreign_rows(engine: TrainingEngine) -> int:
