@@ -283,7 +283,10 @@ def test_server_killed_and_restarted_mid_run_participants_reconnect_and_finish(
     tmp_path: Path, processes: list[Participant | ServerProcess]
 ) -> None:
     port = free_port()
-    options = ("--goal-episodes", "400", "--port", str(port))
+    # A goal the pair cannot reach before the kill: on an idle machine two such
+    # participants play 400 episodes in about a second, before the test sees
+    # their fourth update.
+    options = ("--goal-episodes", "2000", "--port", str(port))
     server = start_server(tmp_path / "server", processes, *options)
     pair = [
         start_participant(processes, server.address, str(tmp_path / "s"), pid)
