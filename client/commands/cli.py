@@ -7,13 +7,16 @@ attach to the same group with `main.add_command`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import secrets
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Protocol
 
 import click
 import grpc
@@ -204,20 +207,14 @@ def train_federated(config: TrainConfig, ranks: RankGroup | None = None) -> Coun
         learn=config.role == "learner",
         ranks=ranks,
     )
-    state = open_state_dir(config, engine)
-    previous = _stop_signals(engine, ranks)
-    sync: SyncLoop | None = None
-    try:
-        echo_memory(engine)
-        autosave = _autosaver(config, state, engine)
-        autosave.resume()
-        spec = _model_spec(config, engine, state)
+    with _session_run(config, engine, ranks) as run:
+        state, autosave = run.state, run.autosave
         sync = SyncLoop(
             engine,
             state_dir=state.path / "sync" / config.session,
             participant_id=config.participant_id,
             session=config.session,
-            spec=spec,
+            spec=run.spec,
             channel_factory=lambda: _channel(config),
             share=config.effective_share,
             sync_interval=config.sync_interval,
@@ -226,6 +223,7 @@ def train_federated(config: TrainConfig, ranks: RankGroup | None = None) -> Coun
             target_at_adoption=config.target_at_adoption,
             on_record=lambda record: state.append_metrics([record]),
         )
+        run.closes_first(sync)
         joined = sync.start()
         if engine.counters.episodes:
             click.echo(
@@ -267,12 +265,6 @@ def train_federated(config: TrainConfig, ranks: RankGroup | None = None) -> Coun
         if view.connected:
             _echo_status(sync.status(), state.path)
         return counters
-    finally:
-        if sync is not None:
-            sync.close()
-        engine.close()
-        state.close()
-        restore_signals(previous)
 
 
 def train_population(config: TrainConfig, ranks: RankGroup | None = None) -> Counters:
@@ -286,22 +278,17 @@ def train_population(config: TrainConfig, ranks: RankGroup | None = None) -> Cou
     engine = TrainingEngine(
         config.engine, config.learner_config, network=config.network, ranks=ranks
     )
-    state = open_state_dir(config, engine)
-    previous = _stop_signals(engine, ranks)
-    member: PopulationMember | None = None
-    try:
-        echo_memory(engine)
-        autosave = _autosaver(config, state, engine)
-        autosave.resume()
-        spec = _model_spec(config, engine, state)
+    with _session_run(config, engine, ranks) as run:
+        state, autosave = run.state, run.autosave
         member = PopulationMember(
             engine,
             participant_id=config.participant_id,
             session=config.session,
-            spec=spec,
+            spec=run.spec,
             channel_factory=lambda: _channel(config),
             on_record=lambda record: state.append_metrics([record]),
         )
+        run.closes_first(member)
         member.start()
         click.echo(
             f"{state.participant_id}: member of population {config.session!r}, generation "
@@ -341,12 +328,43 @@ def train_population(config: TrainConfig, ranks: RankGroup | None = None) -> Cou
         )
         _echo_status(member.status(), state.path)
         return counters
-    finally:
-        if member is not None:
-            member.close()
-        engine.close()
-        state.close()
-        restore_signals(previous)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SessionRun:
+    """What a run in a session works with, and the stack that closes it all in reverse order."""
+
+    state: StateDir
+    autosave: Autosaver
+    spec: tpb.ModelSpec
+    _stack: contextlib.ExitStack
+
+    def closes_first(self, part: _Closable) -> None:
+        """Close `part` before the engine, the state dir and the signal handlers."""
+        self._stack.callback(part.close)
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+@contextmanager
+def _session_run(
+    config: TrainConfig, engine: TrainingEngine, ranks: RankGroup | None
+) -> Iterator[_SessionRun]:
+    """The state dir (closing the engine if its id is refused), stop signals, a resumed
+    autosaver and the model spec; on exit, what the run registered, then the engine, the
+    state dir and the previous signal handlers."""
+    state = open_state_dir(config, engine)
+    previous = _stop_signals(engine, ranks)
+    with contextlib.ExitStack() as stack:
+        stack.callback(restore_signals, previous)
+        stack.callback(state.close)
+        stack.callback(engine.close)
+        echo_memory(engine)
+        autosave = _autosaver(config, state, engine)
+        autosave.resume()
+        yield _SessionRun(state, autosave, _model_spec(config, engine, state), stack)
 
 
 def _autosaver(config: TrainConfig, state: StateDir, engine: TrainingEngine) -> Autosaver:
