@@ -79,12 +79,14 @@ Figures per configuration, over seeds (5 by default):
 - the mean score over all marks (the area under the curve: how fast it
   learns even below the target).
 
-In "roles" the actors train nothing and so run far ahead of the learner
-(CartPole, N = 2, 3,000 steps each: the actor was done in 0.08 s, the
-learner after 10 s). The median mark time is then an actor's (N >= 3) or
-halfway between (N = 2), and the global model scored at a mark is the
-learner's at that moment. Each participant's mark times are in the JSON
-(and the checkpoints stay under --work-dir) for other readings.
+In "roles" the actors train nothing and, left alone, would run far ahead
+of the learner (CartPole, N = 2, 3,000 steps each: the actor was done in
+0.08 s, the learner after 10 s), so the global model scored at their marks
+would be the learner's early one. They keep the learner's pace instead
+(StepPace): before each round an actor waits until the learner has taken
+at least as many env steps as it has, so every participant takes its steps
+at the same rate, as in the modes where each one trains. Their CPU seconds
+then include no waiting (it sleeps); their wall clock does.
 
 Findings. The figures measured with this bench, and what they show, are in
 the README's table of what a group of N should expect.
@@ -281,6 +283,9 @@ class ParticipantTask:
     """False: an actor of mode "roles" (TrainingEngine(learn=False))."""
     save_local: bool = False
     """Write the local weights at every mark (participant 0 where no global model is scored)."""
+    pace_path: str = ""
+    """Mode "roles": the file where the learner posts its env steps; actors never step past
+    them, so every participant moves at the learner's pace ("" for everyone else)."""
 
 
 @dataclass(frozen=True)
@@ -546,6 +551,37 @@ def die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)
 
 
+class StepPace:
+    """The learner's env steps in a file, so that actors of mode "roles" keep its pace.
+
+    Ape-X's actors play in real time while its learner trains; here an actor
+    that trains nothing would play its whole budget in a second while the
+    learner is still warming up, and per-participant env steps would say
+    nothing about roles. Paced, every participant takes its steps at the
+    learner's rate, as in the other modes, where each one trains.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._scratch = path.with_suffix(".tmp")
+
+    def post(self, env_steps: int) -> None:
+        """The learner's side: its env steps so far (replaced atomically)."""
+        self._scratch.write_text(str(env_steps), encoding="utf-8")
+        os.replace(self._scratch, self._path)
+
+    def wait_until_behind(self, env_steps: int, *, poll_s: float = 0.002) -> None:
+        """An actor's side: return once the learner has taken at least `env_steps`."""
+        while True:
+            try:
+                posted = int(self._path.read_text(encoding="utf-8"))
+            except (FileNotFoundError, ValueError):
+                posted = -1
+            if posted >= env_steps:
+                return
+            time.sleep(poll_s)
+
+
 def run_participant(task: ParticipantTask) -> None:
     """Train to the budget (alongside the others, if any); write marks and costs as JSON."""
     torch.set_num_threads(1)
@@ -578,7 +614,13 @@ def run_participant(task: ParticipantTask) -> None:
         mark_cpu: list[float] = []
         marks = iter(settings.marks)
         next_mark = next(marks, None)
+        pace = StepPace(Path(task.pace_path)) if task.pace_path else None
         while engine.counters.env_steps < settings.budget_steps:
+            if pace is not None:
+                if task.learns:
+                    pace.post(engine.counters.env_steps)
+                else:
+                    pace.wait_until_behind(engine.counters.env_steps)
             result = engine.poll()
             if loop is not None:
                 loop.after_poll(result)
@@ -588,6 +630,8 @@ def run_participant(task: ParticipantTask) -> None:
                 if task.save_local:
                     _save_weights(state_dir / "local" / f"{next_mark}.npz", engine.weights())
                 next_mark = next(marks, None)
+        if pace is not None and task.learns:
+            pace.post(engine.counters.env_steps)
         if loop is not None:
             loop.finish(flush_timeout_s=60.0)
         spent = cpu_seconds() - cpu_at_go
@@ -808,6 +852,7 @@ def run_configuration(
                 algo=configuration.algo,
                 learns=configuration.mode != "roles" or index == 0,
                 save_local=configuration.scores_local_model and index == 0,
+                pace_path=str(run_dir / "learner_steps") if configuration.mode == "roles" else "",
             )
             participants.append(Participant(task, run_dir / f"p{index}.log"))
         for participant in participants:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -258,3 +259,27 @@ def test_the_offline_reference_starts_from_version_zero_of_the_same_seed(
     for (name, a), (_, b) in zip(first, again, strict=True):
         np.testing.assert_array_equal(a, b, err_msg=name)
     assert not all(np.array_equal(a, b) for (_, a), (_, b) in zip(first, other, strict=True))
+
+
+def test_a_paced_actor_waits_until_the_learner_has_taken_as_many_env_steps(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    pace = bench.StepPace(tmp_path / "learner_steps")
+    released: list[threading.Event] = [threading.Event(), threading.Event()]
+
+    def actor() -> None:
+        pace.wait_until_behind(0)  # nothing posted yet: the learner has not started
+        released[0].set()
+        pace.wait_until_behind(256)
+        released[1].set()
+
+    thread = threading.Thread(target=actor, daemon=True)
+    thread.start()
+    assert not released[0].wait(0.1)
+    pace.post(0)
+    assert released[0].wait(5.0)
+    pace.post(128)
+    assert not released[1].wait(0.2)
+    pace.post(300)
+    assert released[1].wait(5.0)
+    thread.join(5.0)
