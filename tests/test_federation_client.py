@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
@@ -27,6 +26,7 @@ from fedrl.client.federation.federation_client import (
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
+from tests.support.ports import free_port
 from tests.support.server_harness import InProcessServer, make_spec, named, server_config
 
 T = TypeVar("T")
@@ -222,9 +222,7 @@ def test_leave_marks_the_participant_as_left(server: InProcessServer) -> None:
 
 
 def test_unreachable_server_is_unavailable() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    address = f"127.0.0.1:{free_port()}"
 
     async def body() -> pb.JoinReply:
         async with grpc.aio.insecure_channel(address) as channel:

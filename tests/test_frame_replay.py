@@ -120,13 +120,7 @@ def test_whole_transitions_come_back_exactly_in_any_row_order(
         return
     by_env = np.argsort(np.arange(len(naive)) % game["envs"], kind="stable")
     for order in (by_env, np.random.default_rng(game["seed"]).permutation(len(naive))):
-        rows = LearnerTransitions(
-            obs=naive.obs[order],
-            action=naive.action[order],
-            reward=naive.reward[order],
-            next_obs=naive.next_obs[order],
-            discount=naive.discount[order],
-        )
+        rows = naive.rows(order)
         replay = FrameReplay(20_000, OBS_SHAPE, seed=0)
 
         back = replay.transitions(replay.add_transitions(rows))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -35,6 +34,7 @@ from fedrl.common.tls import (
     issue_participant_cert,
     issue_server_cert,
 )
+from tests.support.ports import free_port
 from tests.support.server_harness import InProcessServer, server_config
 
 
@@ -225,11 +225,7 @@ def test_plaintext_fedrl_server_on_loopback_is_reachable(tmp_path: Path) -> None
 
 
 def test_server_that_does_not_listen_is_reported_unreachable() -> None:
-    with socket.socket() as sock:  # a port that was free a moment ago
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-
-    check = check_server(f"127.0.0.1:{port}", ca_cert=None, insecure=False, timeout_s=2.0)
+    check = check_server(f"127.0.0.1:{free_port()}", ca_cert=None, insecure=False, timeout_s=2.0)
 
     assert not check.reachable
     assert check.problems and "cannot connect" in check.problems[0]
