@@ -1,0 +1,438 @@
+"""Federation without a network: N of the product's engines in one process, in lock step.
+
+bench/federation.py measures the product end to end, and its figures move
+with timing: when a push lands, how far one participant ran ahead of
+another, how bursty the others' data arrives. This bench asks the question
+underneath — which arrangement of data and weights lets a group learn
+faster per participant — with the timing taken out, and with the learner's
+own run-to-run spread in view (it runs many seeds cheaply).
+
+What runs. Per seed and arrangement, N TrainingEngines in serial mode
+(`workers=0`), all from the same network, take turns: one round each (the
+engine's `steps_per_slot` vector steps of every env, then the updates the
+replay ratio allows). What an engine collects reaches the others' replays
+`--delay` rounds later (0: before their next round) through
+TrainingEngine.add_foreign with the client's foreign credit, as the
+client's experience sync puts pulled transitions there. No server, no
+deltas on the wire, no bfloat16: the rules alone. The arrangements:
+
+- "offline": one engine alone; every invocation runs it, the reference.
+  Its engine seeds are participant 0's, so it differs from the others only
+  by what they share;
+- "experience": every engine learns from its own and everyone's
+  transitions, and keeps its own model (the client's --share experience);
+- "both": "experience", and every `--every` rounds each engine adopts the
+  mean of all models, its target network shifted by the same change
+  (Learner.set_weights) — the client's default share without the server's
+  asynchrony;
+- "roles": engine 0 learns from everyone's transitions; the others only
+  act (learn=False) and take its model every `--every` rounds: Ape-X, as
+  the client's --role actor arranges it through the server;
+- "wide": ONE engine collecting with N times the envs. The ideal the others
+  approach: one learner fed by every env, its data never late, its actors
+  never behind. Its per-participant env steps are its own divided by N.
+
+What is scored: participant 0's model (both: the mean of all, the model a
+global version would hold) at every `--mark` per-participant env steps,
+with `--eval-episodes` greedy episodes on evaluation envs of the bench's,
+seeded per run seed, so every arrangement of a seed is scored on the same
+episode starts. "Reached" is the target at two consecutive marks, as in
+bench/federation.py (its functions). Marks should not come more often than
+a round of every arrangement: two marks inside one round would score the
+same weights twice (a mark of 256 with 16 envs per participant: a round is
+128 steps, wide's 128 per participant too).
+
+The offline reference runs `--offline-budget` env steps (default: the
+task's, 12,000 on CartPole), the others `--budget`: a group that should
+get there in a fraction of a lone learner's steps needs only that
+fraction, and a lone learner cut short has no median to compare with.
+
+Figures per arrangement, over seeds: solved k/seeds, the median
+per-participant env steps to target (an unsolved seed counts as never),
+its speed-up over offline's beside the issue's 0.8·N, the mean score over
+all marks (how fast it learns even below the target), gradient updates per
+own env step, and CPU seconds per participant (the process's, divided by
+N). The last line of stdout is one JSON object with every figure.
+
+Usage:
+  .venv/bin/python bench/federation_sim.py --arrangements roles wide --n 4 --budget 6000
+  .venv/bin/python bench/federation_sim.py --arrangements roles --n 4 --delay 4 --seeds $(seq 0 9)
+  .venv/bin/python bench/federation_sim.py --arrangements wide experience --n 2 --budget 8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.evaluation import Evaluator, Scorer
+from fedrl.client.training.learner import TARGET_AT_ADOPTION, TargetAtAdoption
+from fedrl.client.training.transitions import LearnerTransitions
+
+
+def _load_federation_bench() -> ModuleType:
+    """bench/federation.py, for its settings, seeds and figures: one definition of "reached"."""
+    path = Path(__file__).resolve().parent / "federation.py"
+    spec = importlib.util.spec_from_file_location("fedrl_bench_federation", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    # Dataclasses resolve their annotations through sys.modules.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+federation = _load_federation_bench()
+
+Arrangement = Literal["offline", "experience", "both", "roles", "wide"]
+ARRANGEMENTS: tuple[Arrangement, ...] = ("offline", "experience", "both", "roles", "wide")
+Weights = list[tuple[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """What every run of one invocation shares."""
+
+    task: Any = federation.TASKS["cartpole"]
+    """bench/federation.py's Task: env, target, budget and marks."""
+    n: int = 2
+    """Participants (wide: N times one participant's envs)."""
+    delay: int = 0
+    """Rounds before a participant's transitions reach the others (0: their next round)."""
+    every: int = 1
+    """Rounds between model averaging (both) or the learner's model reaching the actors (roles)."""
+    target_at_adoption: TargetAtAdoption = "shift"
+    """What an adopting learner's target network does (both)."""
+    foreign_credit: float = federation._EXCHANGE.foreign_credit
+    """Replay-ratio credit of a received transition (the client's default)."""
+    offline_budget: int | None = None
+    """Env steps of the offline reference; None: the task's budget. A lone learner needs more
+    steps than a group, and its median must be a number for the speed-ups to be."""
+    eval_episodes: int = 20
+    """Greedy episodes per score."""
+    envs_per_participant: int = 16
+    """Envs each participant steps as one batch (the engine's default)."""
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}")
+        if self.delay < 0 or self.every < 1:
+            raise ValueError(f"delay must be >= 0 and every >= 1, got {self.delay}, {self.every}")
+        for name, budget in (
+            ("budget", self.task.budget_steps),
+            ("offline budget", self.offline_budget),
+        ):
+            if budget is not None and budget < self.task.eval_every:
+                raise ValueError(
+                    f"the {name} ({budget}) must hold at least one mark "
+                    f"(every {self.task.eval_every} env steps)"
+                )
+        if self.target_at_adoption not in TARGET_AT_ADOPTION:
+            raise ValueError(f"target_at_adoption must be one of {TARGET_AT_ADOPTION}")
+
+    def marks(self, arrangement: Arrangement) -> list[int]:
+        """Per-participant env steps at which a run of `arrangement` is scored."""
+        budget = self.task.budget_steps
+        if arrangement == "offline" and self.offline_budget is not None:
+            budget = self.offline_budget
+        return list(range(self.task.eval_every, budget + 1, self.task.eval_every))
+
+
+@dataclass(frozen=True)
+class SimRun:
+    """One arrangement on one seed."""
+
+    arrangement: Arrangement
+    n: int
+    seed: int
+    returns: list[float]
+    """Score at every mark."""
+    reached: int | None
+    """Per-participant env steps to target (the first of two marks), None if never."""
+    updates_per_step: float
+    """Gradient updates per own env step, mean over participants."""
+    cpu_seconds: float
+    """CPU seconds per participant."""
+    foreign_received: int
+    """Transitions that reached participant 0's replay from the others."""
+
+
+class Exchange:
+    """Each participant's transitions, delivered to every other learner `delay` rounds later."""
+
+    def __init__(self, learners: Sequence[bool], delay: int) -> None:
+        self._learners = list(learners)
+        self._delay = delay
+        self._queues: list[deque[tuple[int, LearnerTransitions]]] = [
+            deque() for _ in self._learners
+        ]
+        self.round_index = 0
+        """The round being played; the caller advances it."""
+
+    def send(self, sender: int, batch: LearnerTransitions) -> None:
+        arrives = self.round_index + 1 + self._delay
+        for receiver, learns in enumerate(self._learners):
+            if receiver != sender and learns:
+                self._queues[receiver].append((arrives, batch))
+
+    def due(self, receiver: int) -> Iterator[LearnerTransitions]:
+        """The batches that reach `receiver` before it plays this round, oldest first."""
+        queue = self._queues[receiver]
+        while queue and queue[0][0] <= self.round_index:
+            yield queue.popleft()[1]
+
+
+def mean_weights(models: Sequence[Weights]) -> Weights:
+    return [
+        (name, np.mean([model[k][1] for model in models], axis=0))
+        for k, (name, _) in enumerate(models[0])
+    ]
+
+
+def run(arrangement: Arrangement, seed: int, settings: SimSettings) -> SimRun:
+    """Train one arrangement in lock step; score it at every mark."""
+    n = 1 if arrangement in ("offline", "wide") else settings.n
+    per_participant = settings.n if arrangement == "wide" else 1
+    bench_settings = replace(
+        federation.Settings(),
+        env=settings.task.env,
+        envs_per_participant=settings.envs_per_participant * per_participant,
+    )
+    learns = [arrangement != "roles" or index == 0 for index in range(n)]
+    engines: list[TrainingEngine] = []
+    for index in range(n):
+        engine_config, learner = federation.engine_configs(
+            bench_settings, federation.participant_seed(seed, index)
+        )
+        engines.append(TrainingEngine(engine_config, learner, learn=learns[index]))
+    initial = federation.initial_weights(bench_settings, seed, "dqn")
+    exchange = Exchange(learns, settings.delay)
+    for index, engine in enumerate(engines):
+        engine.set_weights(initial, target="reset")
+        if arrangement in ("experience", "both", "roles"):
+            engine.on_batch(lambda batch, sender=index: exchange.send(sender, batch))
+        engine.start()
+    # A network of its own: Scorer loads each scored model into it.
+    scorer = Scorer(
+        copy.deepcopy(engines[0].learner.online),
+        Evaluator(
+            settings.task.env,
+            episodes=settings.eval_episodes,
+            seed=np.random.SeedSequence([seed, 7_919]),
+            max_steps=100_000,
+        ),
+    )
+    marks = iter(settings.marks(arrangement))
+    next_mark = next(marks, None)
+    returns: list[float] = []
+    cpu_start = time.process_time()
+    try:
+        while next_mark is not None:
+            for index, engine in enumerate(engines):
+                for batch in exchange.due(index):
+                    engine.add_foreign(batch, credit=settings.foreign_credit)
+                engine.poll()
+            exchange.round_index += 1
+            if exchange.round_index % settings.every == 0:
+                _share_models(arrangement, engines, settings.target_at_adoption)
+            steps = engines[0].counters.env_steps // per_participant
+            while next_mark is not None and steps >= next_mark:
+                model = (
+                    mean_weights([e.weights() for e in engines])
+                    if arrangement == "both"
+                    else engines[0].weights()
+                )
+                returns.append(scorer.score(model).mean)
+                next_mark = next(marks, None)
+        cpu = (time.process_time() - cpu_start) / (n * per_participant)
+        updates = [e.learner.updates / e.counters.env_steps for e in engines]
+        received = engines[0].foreign_received
+    finally:
+        scorer.close()
+        for engine in engines:
+            engine.close()
+    index = federation.reached_at(returns, settings.task.target)
+    return SimRun(
+        arrangement=arrangement,
+        n=settings.n if arrangement != "offline" else 1,
+        seed=seed,
+        returns=returns,
+        reached=None if index is None else settings.marks(arrangement)[index],
+        updates_per_step=statistics.fmean(updates),
+        cpu_seconds=cpu,
+        foreign_received=received,
+    )
+
+
+def _share_models(
+    arrangement: Arrangement, engines: Sequence[TrainingEngine], target: TargetAtAdoption
+) -> None:
+    if arrangement == "both":
+        mean = mean_weights([e.weights() for e in engines])
+        for engine in engines:
+            engine.set_weights(mean, target=target)
+    elif arrangement == "roles":
+        model = engines[0].weights()
+        for actor in engines[1:]:
+            actor.set_weights(model, target="reset")
+
+
+@dataclass(frozen=True)
+class SimSummary:
+    arrangement: Arrangement
+    n: int
+    solved: int
+    seeds: int
+    median_steps: float | None
+    speedup: float | None
+    mean_score: float
+    updates_per_step: float
+    cpu_seconds: float
+
+
+def summarise(runs: Sequence[SimRun]) -> list[SimSummary]:
+    """One row per arrangement, in ARRANGEMENTS order; speed-ups against offline's median."""
+    by_arrangement: dict[Arrangement, list[SimRun]] = {}
+    for r in runs:
+        by_arrangement.setdefault(r.arrangement, []).append(r)
+    offline = by_arrangement.get("offline", [])
+    reference = federation.median_or_none([r.reached for r in offline]) if offline else None
+    rows = []
+    for arrangement in ARRANGEMENTS:
+        group = by_arrangement.get(arrangement)
+        if not group:
+            continue
+        median = federation.median_or_none([r.reached for r in group])
+        rows.append(
+            SimSummary(
+                arrangement=arrangement,
+                n=group[0].n,
+                solved=sum(r.reached is not None for r in group),
+                seeds=len(group),
+                median_steps=median,
+                speedup=federation.ratio(reference, median),
+                mean_score=statistics.fmean(statistics.fmean(r.returns) for r in group),
+                updates_per_step=statistics.median(r.updates_per_step for r in group),
+                cpu_seconds=statistics.median(r.cpu_seconds for r in group),
+            )
+        )
+    return rows
+
+
+def run_line(r: SimRun) -> str:
+    reached = "-" if r.reached is None else f"{r.reached:,}"
+    curve = " ".join(f"{v:.0f}" for v in r.returns)
+    return (
+        f"{r.arrangement} N={r.n} seed {r.seed}: target at {reached} steps/participant; "
+        f"{r.updates_per_step:.2f} updates/step, {r.cpu_seconds:.1f} CPU s/participant, "
+        f"{r.foreign_received:,} foreign transitions to p0; curve: {curve}"
+    )
+
+
+def table_lines(rows: Sequence[SimSummary]) -> Iterator[str]:
+    yield (
+        f"{'arrangement':<16}{'solved':>7}{'steps/p':>9}{'speed-up':>9}{'0.8·N':>6}"
+        f"{'mean':>6}{'upd/step':>9}{'CPU s/p':>8}"
+    )
+    for row in rows:
+        steps = "-" if row.median_steps is None else f"{row.median_steps:,.0f}"
+        speedup = "-" if row.speedup is None else f"{row.speedup:.2f}"
+        goal = "-" if row.arrangement == "offline" else f"{0.8 * row.n:.1f}"
+        yield (
+            f"{row.arrangement + ' N=' + str(row.n):<16}{f'{row.solved}/{row.seeds}':>7}"
+            f"{steps:>9}{speedup:>9}{goal:>6}{row.mean_score:>6.0f}"
+            f"{row.updates_per_step:>9.2f}{row.cpu_seconds:>8.1f}"
+        )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", choices=sorted(federation.TASKS), default="cartpole")
+    parser.add_argument(
+        "--arrangements",
+        nargs="*",
+        choices=[a for a in ARRANGEMENTS if a != "offline"],
+        default=["experience", "both", "roles", "wide"],
+        help="arrangements beside offline, which always runs",
+    )
+    parser.add_argument("--n", type=int, default=2, help="participants")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(5)))
+    parser.add_argument("--budget", type=int, help="env steps per participant (task's default)")
+    parser.add_argument(
+        "--offline-budget", type=int, help="env steps of the offline reference (task's default)"
+    )
+    parser.add_argument("--mark", type=int, help="env steps between scores (task's default)")
+    parser.add_argument("--delay", type=int, default=SimSettings.delay)
+    parser.add_argument("--every", type=int, default=SimSettings.every)
+    parser.add_argument(
+        "--target-at-adoption", choices=TARGET_AT_ADOPTION, default=SimSettings.target_at_adoption
+    )
+    parser.add_argument("--foreign-credit", type=float, default=SimSettings.foreign_credit)
+    parser.add_argument("--eval-episodes", type=int, default=SimSettings.eval_episodes)
+    return parser.parse_args(argv)
+
+
+def settings_from(args: argparse.Namespace) -> SimSettings:
+    task = federation.TASKS[args.task]
+    task = replace(
+        task,
+        budget_steps=args.budget or task.budget_steps,
+        eval_every=args.mark or task.eval_every,
+    )
+    return SimSettings(
+        task=task,
+        n=args.n,
+        delay=args.delay,
+        every=args.every,
+        offline_budget=args.offline_budget,
+        target_at_adoption=args.target_at_adoption,
+        foreign_credit=args.foreign_credit,
+        eval_episodes=args.eval_episodes,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:
+        settings = settings_from(args)
+    except ValueError as exc:
+        sys.exit(f"federation_sim: {exc}")
+    torch.set_num_threads(1)
+    arrangements: list[Arrangement] = ["offline", *args.arrangements]
+    described = {**asdict(settings), "task": asdict(settings.task)}
+    print(f"{len(arrangements)} arrangements x {len(args.seeds)} seeds; settings: {described}")
+    runs: list[SimRun] = []
+    for seed in args.seeds:
+        for arrangement in arrangements:
+            result = run(arrangement, seed, settings)
+            runs.append(result)
+            print(run_line(result), flush=True)
+    rows = summarise(runs)
+    print()
+    for line in table_lines(rows):
+        print(line)
+    figures = {
+        "settings": described,
+        "summaries": [asdict(r) for r in rows],
+        "runs": [asdict(r) for r in runs],
+    }
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

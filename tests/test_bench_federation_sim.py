@@ -1,0 +1,140 @@
+"""bench/federation_sim.py: who receives what and when, the figures over seeds, one short run.
+
+The bench is a script, not a package module; it is loaded from its file, so
+these tests check exactly the functions its figures come from.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from fedrl.client.training.transitions import LearnerTransitions
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "federation_sim.py"
+
+
+@pytest.fixture(scope="module")
+def sim() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("fedrl_bench_federation_sim", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    # Dataclasses resolve their annotations through sys.modules.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def batch(rows: int, reward: float) -> LearnerTransitions:
+    return LearnerTransitions(
+        obs=np.zeros((rows, 4), dtype=np.float32),
+        action=np.zeros(rows, dtype=np.int64),
+        reward=np.full(rows, reward, dtype=np.float32),
+        next_obs=np.zeros((rows, 4), dtype=np.float32),
+        discount=np.full(rows, 0.97, dtype=np.float32),
+    )
+
+
+def test_a_batch_reaches_the_other_learners_after_the_delay_and_never_its_sender(
+    sim: ModuleType,
+) -> None:
+    exchange = sim.Exchange([True, True, False], delay=2)
+    exchange.send(0, batch(3, reward=1.0))
+    received: dict[int, list[list[LearnerTransitions]]] = {0: [], 1: [], 2: []}
+    for _ in range(5):
+        exchange.round_index += 1
+        for receiver, rounds in received.items():
+            rounds.append(list(exchange.due(receiver)))
+    # Sent in round 0, delay 2: played before round 3, once.
+    assert [len(r) for r in received[1]] == [0, 0, 1, 0, 0]
+    assert received[1][2][0].reward[0] == 1.0
+    assert all(not r for r in received[0])  # the sender
+    assert all(not r for r in received[2])  # an actor learns nothing from it
+
+
+def test_without_delay_a_batch_is_there_before_the_next_round(sim: ModuleType) -> None:
+    exchange = sim.Exchange([True, True], delay=0)
+    exchange.send(1, batch(2, reward=0.5))
+    assert list(exchange.due(0)) == []
+    exchange.round_index += 1
+    (got,) = list(exchange.due(0))
+    assert len(got) == 2
+
+
+def test_the_mean_model_averages_every_tensor(sim: ModuleType) -> None:
+    a = [("w", np.array([1.0, 2.0], dtype=np.float32)), ("b", np.array([0.0], dtype=np.float32))]
+    b = [("w", np.array([3.0, 6.0], dtype=np.float32)), ("b", np.array([1.0], dtype=np.float32))]
+    mean = sim.mean_weights([a, b])
+    assert [name for name, _ in mean] == ["w", "b"]
+    np.testing.assert_allclose(mean[0][1], [2.0, 4.0])
+    np.testing.assert_allclose(mean[1][1], [0.5])
+
+
+def summary_run(
+    sim: ModuleType, arrangement: str, seed: int, reached: int | None, n: int = 2
+) -> object:
+    return sim.SimRun(
+        arrangement=arrangement,
+        n=n,
+        seed=seed,
+        returns=[100.0, 200.0],
+        reached=reached,
+        updates_per_step=0.5,
+        cpu_seconds=1.0,
+        foreign_received=0,
+    )
+
+
+def test_speed_ups_are_against_offline_and_unsolved_seeds_count_as_never(
+    sim: ModuleType,
+) -> None:
+    runs = [
+        summary_run(sim, "offline", 0, 8_000, n=1),
+        summary_run(sim, "offline", 1, 6_000, n=1),
+        summary_run(sim, "offline", 2, None, n=1),
+        summary_run(sim, "roles", 0, 2_000),
+        summary_run(sim, "roles", 1, 3_000),
+        summary_run(sim, "roles", 2, 4_000),
+        summary_run(sim, "wide", 0, None),
+        summary_run(sim, "wide", 1, None),
+        summary_run(sim, "wide", 2, 1_000),
+    ]
+    offline, roles, wide = sim.summarise(runs)
+    assert (offline.arrangement, offline.solved, offline.median_steps) == ("offline", 2, 8_000)
+    assert (roles.solved, roles.median_steps, roles.speedup) == (3, 3_000, pytest.approx(8 / 3))
+    # Most seeds unsolved: no median, no speed-up, however fast the one that solved.
+    assert (wide.solved, wide.median_steps, wide.speedup) == (1, None, None)
+
+
+def test_a_short_run_of_roles_feeds_the_learner_and_scores_every_mark(sim: ModuleType) -> None:
+    settings = sim.SimSettings(
+        task=replace(sim.federation.TASKS["cartpole"], budget_steps=1_536, eval_every=512),
+        n=2,
+        eval_episodes=2,
+    )
+    roles = sim.run("roles", 0, settings)
+    experience = sim.run("experience", 0, settings)
+    wide = sim.run("wide", 0, settings)
+    assert len(roles.returns) == len(experience.returns) == len(wide.returns) == 3
+    # The actor's transitions reached the learner (all but its last round's)...
+    assert roles.foreign_received >= 1_536 - 16 * 8
+    # ...and it trained nothing: the pair's mean updates per step is half that
+    # of a pair where both learn from the same amount of data.
+    assert roles.updates_per_step > 0
+    assert roles.updates_per_step == pytest.approx(experience.updates_per_step / 2, rel=0.2)
+    assert wide.foreign_received == 0 and wide.n == 2
+
+
+def test_bad_settings_are_refused(sim: ModuleType) -> None:
+    with pytest.raises(ValueError, match="n must be at least 1"):
+        sim.SimSettings(n=0)
+    with pytest.raises(ValueError, match="every"):
+        sim.SimSettings(every=0)
+    with pytest.raises(ValueError, match=r"offline budget \(100\) must hold at least one mark"):
+        sim.SimSettings(offline_budget=100)
