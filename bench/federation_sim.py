@@ -42,6 +42,10 @@ a round of every arrangement: two marks inside one round would score the
 same weights twice (a mark of 256 with 16 envs per participant: a round is
 128 steps, wide's 128 per participant too).
 
+`--learner NAME=VALUE` changes a LearnerConfig field of every engine, the
+offline one's too: whether another learner would let a group gain more is
+a question this bench answers cheaply.
+
 The offline reference runs `--offline-budget` env steps (default: the
 task's, 12,000 on CartPole), the others `--budget`: a group that should
 get there in a fraction of a lone learner's steps needs only that
@@ -58,12 +62,14 @@ Usage:
   .venv/bin/python bench/federation_sim.py --arrangements roles wide --n 4 --budget 6000
   .venv/bin/python bench/federation_sim.py --arrangements roles --n 4 --delay 4 --seeds $(seq 0 9)
   .venv/bin/python bench/federation_sim.py --arrangements wide experience --n 2 --budget 8000
+  .venv/bin/python bench/federation_sim.py --arrangements wide --n 4 --budget 6000 --learner lr=5e-4
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import importlib.util
 import json
 import statistics
@@ -81,7 +87,7 @@ import torch
 
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.evaluation import Evaluator, Scorer
-from fedrl.client.training.learner import TARGET_AT_ADOPTION, TargetAtAdoption
+from fedrl.client.training.learner import TARGET_AT_ADOPTION, LearnerConfig, TargetAtAdoption
 from fedrl.client.training.transitions import LearnerTransitions
 
 
@@ -127,6 +133,8 @@ class SimSettings:
     """Greedy episodes per score."""
     envs_per_participant: int = 16
     """Envs each participant steps as one batch (the engine's default)."""
+    learner: tuple[tuple[str, str], ...] = ()
+    """LearnerConfig fields changed from the defaults, as (name, value) text (--learner)."""
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -144,6 +152,7 @@ class SimSettings:
                 )
         if self.target_at_adoption not in TARGET_AT_ADOPTION:
             raise ValueError(f"target_at_adoption must be one of {TARGET_AT_ADOPTION}")
+        learner_overrides(LearnerConfig(), self.learner)
 
     def marks(self, arrangement: Arrangement) -> list[int]:
         """Per-participant env steps at which a run of `arrangement` is scored."""
@@ -151,6 +160,28 @@ class SimSettings:
         if arrangement == "offline" and self.offline_budget is not None:
             budget = self.offline_budget
         return list(range(self.task.eval_every, budget + 1, self.task.eval_every))
+
+
+def learner_overrides(base: LearnerConfig, changes: Sequence[tuple[str, str]]) -> LearnerConfig:
+    """base with each named scalar field set from its text; ValueError for anything else."""
+    fields = {f.name for f in dataclasses.fields(LearnerConfig)}
+    values: dict[str, Any] = {}
+    for name, text in changes:
+        if name not in fields:
+            raise ValueError(f"LearnerConfig has no field {name!r}")
+        current = getattr(base, name)
+        if isinstance(current, bool):
+            if text.lower() not in ("true", "false"):
+                raise ValueError(f"{name} takes true or false, got {text!r}")
+            values[name] = text.lower() == "true"
+        elif isinstance(current, int | float | str):
+            try:
+                values[name] = type(current)(text)
+            except ValueError:
+                raise ValueError(f"{name} takes a {type(current).__name__}, got {text!r}") from None
+        else:
+            raise ValueError(f"{name} is not a number, a flag or a word; set it in code")
+    return replace(base, **values)
 
 
 @dataclass(frozen=True)
@@ -219,8 +250,9 @@ def run(arrangement: Arrangement, seed: int, settings: SimSettings) -> SimRun:
         engine_config, learner = federation.engine_configs(
             bench_settings, federation.participant_seed(seed, index)
         )
+        learner = learner_overrides(learner, settings.learner)
         engines.append(TrainingEngine(engine_config, learner, learn=learns[index]))
-    initial = federation.initial_weights(bench_settings, seed, "dqn")
+    initial = _initial_weights(bench_settings, seed, settings.learner)
     exchange = Exchange(learns, settings.delay)
     for index, engine in enumerate(engines):
         engine.set_weights(initial, target="reset")
@@ -277,6 +309,16 @@ def run(arrangement: Arrangement, seed: int, settings: SimSettings) -> SimRun:
         cpu_seconds=cpu,
         foreign_received=received,
     )
+
+
+def _initial_weights(bench_settings: Any, seed: int, changes: Sequence[tuple[str, str]]) -> Weights:
+    """bench/federation.py's version 0 of the seed, for the learner as changed."""
+    engine_config, learner = federation.engine_configs(bench_settings, seed)
+    engine = TrainingEngine(engine_config, learner_overrides(learner, changes))
+    try:
+        return engine.weights()
+    finally:
+        engine.close()
 
 
 def _share_models(
@@ -384,6 +426,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--foreign-credit", type=float, default=SimSettings.foreign_credit)
     parser.add_argument("--eval-episodes", type=int, default=SimSettings.eval_episodes)
+    parser.add_argument(
+        "--learner",
+        nargs="+",
+        default=[],
+        metavar="NAME=VALUE",
+        help="LearnerConfig fields to change for every engine, e.g. lr=5e-4",
+    )
     return parser.parse_args(argv)
 
 
@@ -403,7 +452,15 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
         target_at_adoption=args.target_at_adoption,
         foreign_credit=args.foreign_credit,
         eval_episodes=args.eval_episodes,
+        learner=tuple(_name_value(text) for text in args.learner),
     )
+
+
+def _name_value(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise ValueError(f"--learner takes NAME=VALUE, got {text!r}")
+    return name.replace("-", "_"), value
 
 
 def main(argv: Sequence[str] | None = None) -> None:
