@@ -6,8 +6,6 @@ these tests check exactly the functions the bench prints its figures with.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import threading
 from pathlib import Path
 from types import ModuleType
@@ -16,18 +14,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "federation.py"
+from tests.support.benches import load_bench
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fedrl_bench_federation", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # Dataclasses resolve their annotations through sys.modules.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("federation.py", "fedrl_bench_federation")
 
 
 def run(

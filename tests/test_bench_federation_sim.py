@@ -6,29 +6,19 @@ these tests check exactly the functions its figures come from.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
 
 from fedrl.client.training.transitions import LearnerTransitions
-
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "federation_sim.py"
+from tests.support.benches import load_bench
 
 
 @pytest.fixture(scope="module")
 def sim() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fedrl_bench_federation_sim", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # Dataclasses resolve their annotations through sys.modules.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("federation_sim.py", "fedrl_bench_federation_sim")
 
 
 def batch(rows: int, reward: float) -> LearnerTransitions:

@@ -8,25 +8,17 @@ checkpoints evaluated greedily after the run.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "federation.py"
+from tests.support.benches import load_bench
 
 
-def load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fedrl_bench_federation", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # Dataclasses resolve their annotations through sys.modules.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def load_federation_bench() -> ModuleType:
+    return load_bench("federation.py", "fedrl_bench_federation")
 
 
 @pytest.mark.slow
@@ -34,7 +26,7 @@ def load_bench() -> ModuleType:
 def test_two_participants_with_the_recommended_settings_improve_the_global_model(
     tmp_path: Path,
 ) -> None:
-    bench = load_bench()
+    bench = load_federation_bench()
     configuration = replace(bench.RECOMMENDED, n=2)
     # Small but past learning_starts (1,000) by a few thousand steps each.
     settings = bench.Settings(budget_steps=5_000, eval_every=1_000, eval_episodes=5)
@@ -61,7 +53,7 @@ def test_two_participants_with_the_defaults_reach_a_modest_target_in_fewer_steps
     because near 475 this DQN's greedy score swings between marks and five
     seeds cannot separate the two; "most seeds" is 2 of 3.
     """
-    bench = load_bench()
+    bench = load_federation_bench()
     settings = bench.Settings(target=150.0, budget_steps=6_000, eval_every=250)
     steps: dict[int, tuple[int | None, int | None]] = {}
     for seed in (0, 1, 2):
