@@ -184,13 +184,16 @@ def test_after_near_zero_updates_the_bound_stays_a_share_of_the_model_norm(
         # act: a new learner's first honest sync (norm 40), then a huge one (norm 200)
         honest = push(stub, "alice", SPEC, [np.full(4, 20.0, np.float32)], sequence=5,
                       base_version=4)  # fmt: skip
+        # The bound is read from the newest version: wait for the honest one's
+        # (norm 140), or the check races its aggregation.
+        wait_for_version(stub, 5)
         with pytest.raises(grpc.RpcError) as refused:
-            push(stub, "alice", SPEC, [np.full(4, 100.0, np.float32)], sequence=6, base_version=4)
+            push(stub, "alice", SPEC, [np.full(4, 100.0, np.float32)], sequence=6, base_version=5)
 
     # assert: the bound is the model's own norm (20 x 5% of it), not 20 x the median of 2e-8
     assert not honest.duplicate
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "exceeds 20 x 0.05 x the norm 100 of global version" in refused.value.details()
+    assert "exceeds 20 x 0.05 x the norm 140 of global version 5" in refused.value.details()
 
 
 def test_the_first_updates_are_bounded_by_the_global_model_norm(tmp_path: Path) -> None:
