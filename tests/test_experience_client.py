@@ -151,6 +151,26 @@ def test_foreign_transitions_earn_the_updates_their_credit_says() -> None:
     assert extra == 100
 
 
+def test_a_learner_fed_foreign_transitions_lengthens_its_target_period() -> None:
+    engine = _engine()
+    try:
+        while not engine.learner.ready():
+            engine.poll()
+        for _ in range(3):
+            engine.poll()
+        alone = engine.learner.target_period()
+        own = engine.counters.env_steps
+        engine.add_foreign(_transitions(3 * own, seed=5))
+        engine.poll()
+    finally:
+        engine.close()
+
+    # Others' transitions at least three times all its own steps: since the
+    # replay was ready, over 4 credited per own step, so the period at least doubles.
+    assert alone == SMALL.target_update_interval
+    assert engine.learner.target_period() >= 2 * SMALL.target_update_interval
+
+
 def test_foreign_transitions_before_the_replay_is_ready_leave_no_backlog() -> None:
     engine = _engine()
     try:

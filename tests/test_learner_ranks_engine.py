@@ -5,7 +5,8 @@ updates at every round. Other participants' transitions land in rank 0's
 shard only (it runs the federation); the replay-ratio credit they earn
 reaches every rank with the round's exchange. A game's frames go to each
 rank's own frame replay. Both ranks must end with the same updates and the
-same weights.
+same weights, target network included: the foreign data lengthens both
+ranks' target period alike.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from fedrl.client.training.distributed import RankGroup, RankPlace
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.learner import Learner, LearnerConfig
 from fedrl.client.training.transitions import LearnerTransitions
 from tests.support.ranks import run_two_ranks
 
@@ -28,6 +29,7 @@ FOREIGN_AT = 4
 """The poll before which rank 0 takes in foreign transitions: both replays are ready by then."""
 FOREIGN = 400
 RATIO = 0.5
+TARGET_INTERVAL = 10
 
 
 def foreign_batch() -> LearnerTransitions:
@@ -45,7 +47,11 @@ def flat_weights(engine: TrainingEngine) -> list[float]:
     return [float(x) for _, array in engine.weights() for x in array.ravel()]
 
 
-def with_foreign_experience(group: RankGroup) -> tuple[int, int, list[float]]:
+def flat_target(engine: TrainingEngine) -> list[float]:
+    return [float(x) for p in engine.learner.target.parameters() for x in p.detach().ravel()]
+
+
+def with_foreign_experience(group: RankGroup) -> tuple[int, int, list[float], int, list[float]]:
     engine = TrainingEngine(
         EngineConfig(
             env="CartPole-v1",
@@ -56,7 +62,13 @@ def with_foreign_experience(group: RankGroup) -> tuple[int, int, list[float]]:
             eval_interval=0,
             seed=group.rank,
         ),
-        LearnerConfig(hidden=(16,), batch_size=8, learning_starts=32, device="cpu"),
+        LearnerConfig(
+            hidden=(16,),
+            batch_size=8,
+            learning_starts=32,
+            target_update_interval=TARGET_INTERVAL,
+            device="cpu",
+        ),
         ranks=group,
     )
     with engine:
@@ -64,7 +76,15 @@ def with_foreign_experience(group: RankGroup) -> tuple[int, int, list[float]]:
             if poll == FOREIGN_AT and group.leads:
                 engine.add_foreign(foreign_batch(), credit=1.0)
             engine.poll()
-        return engine.learner.updates, engine.counters.env_steps, flat_weights(engine)
+        learner = engine.learner
+        assert isinstance(learner, Learner)
+        return (
+            learner.updates,
+            engine.counters.env_steps,
+            flat_weights(engine),
+            learner.target_period(),
+            flat_target(engine),
+        )
 
 
 def on_a_game(group: RankGroup) -> tuple[bool, int, int, list[float]]:
@@ -105,14 +125,16 @@ def two_ranks() -> dict[int, Any]:
 def test_foreign_transitions_at_rank_0_earn_every_rank_the_same_updates(
     two_ranks: dict[int, Any],
 ) -> None:
-    (updates_0, steps_0, weights_0), _ = two_ranks[0]
-    (updates_1, steps_1, weights_1), _ = two_ranks[1]
-    assert (updates_0, steps_0) == (updates_1, steps_1)
+    (updates_0, steps_0, weights_0, period_0, target_0), _ = two_ranks[0]
+    (updates_1, steps_1, weights_1, period_1, target_1), _ = two_ranks[1]
+    assert (updates_0, steps_0, period_0) == (updates_1, steps_1, period_1)
+    assert period_0 > TARGET_INTERVAL
     # The foreign transitions' credit, spread over both ranks' updates: far more
     # updates than the ranks' own steps earn (2 ranks x 2 envs x 8 steps a poll).
     own = RATIO * POLLS * 2 * 2 * 8 / 2
     assert updates_0 >= RATIO * FOREIGN / 2 > own
     np.testing.assert_allclose(weights_0, weights_1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(target_0, target_1, rtol=1e-5, atol=1e-6)
 
 
 def test_two_ranks_train_a_game_from_their_own_frame_replays_in_step(

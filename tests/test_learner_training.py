@@ -126,6 +126,52 @@ def test_hard_target_update_copies_the_online_network_at_the_interval() -> None:
     assert _max_difference(learner.target, learner.online) == 0.0
 
 
+def test_a_learner_fed_four_times_its_own_data_updates_its_target_half_as_often() -> None:
+    config = dataclasses.replace(SMALL, target_update_interval=10, sample_block=3)
+    learner = Learner(obs_shape=(CHAIN,), n_actions=2, config=config)
+    learner.add(_chain_transitions(copies=16))
+    learner.set_data_multiple(4.0)
+
+    learner.train(19)
+    stale = _max_difference(learner.target, learner.online)
+    learner.train(1)
+    copied = _max_difference(learner.target, learner.online)
+    learner.set_data_multiple(1.0)
+    learner.train(9)
+    stale_again = _max_difference(learner.target, learner.online)
+    learner.train(1)
+
+    assert learner.target_period() == 10
+    assert (stale > 0.0, copied, stale_again > 0.0) == (True, 0.0, True)
+    assert _max_difference(learner.target, learner.online) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("exponent", "multiple", "period"),
+    [(0.5, 1.0, 500), (0.5, 4.0, 1000), (0.5, 2.0, 707), (0.0, 4.0, 500), (1.0, 3.0, 1500)],
+)
+def test_the_target_period_grows_with_the_data_to_the_configured_power(
+    exponent: float, multiple: float, period: int
+) -> None:
+    config = dataclasses.replace(
+        SMALL, target_update_interval=500, target_period_data_exponent=exponent
+    )
+    learner = Learner(obs_shape=(CHAIN,), n_actions=2, config=config)
+
+    learner.set_data_multiple(multiple)
+
+    assert learner.target_period() == period
+
+
+@pytest.mark.parametrize("multiple", [0.5, float("nan"), float("inf")])
+def test_a_data_multiple_below_one_or_not_finite_is_refused(multiple: float) -> None:
+    learner = Learner(obs_shape=(CHAIN,), n_actions=2, config=SMALL)
+
+    with pytest.raises(ValueError, match="data multiple must be finite and >= 1"):
+        learner.set_data_multiple(multiple)
+    assert learner.target_period() == SMALL.target_update_interval
+
+
 def test_polyak_target_update_moves_the_target_by_tau() -> None:
     tau = 0.25
     config = dataclasses.replace(
@@ -271,6 +317,7 @@ def test_same_seed_builds_the_same_network() -> None:
         ({"target_update": "soft"}, 'must be "hard" or "polyak"'),
         ({"huber_delta": -1.0}, "huber_delta must be > 0 or None"),
         ({"polyak_tau": 0.0}, r"polyak_tau must lie in \(0, 1\]"),
+        ({"target_period_data_exponent": -0.5}, r"data_exponent must lie in \[0, 1\]"),
     ],
 )
 def test_bad_config_values_are_refused_with_the_field_name(

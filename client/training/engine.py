@@ -682,9 +682,10 @@ class TrainingEngine(Closing):
         # theirs (foreign transitions included) keeps each transition's
         # expected reuse at the replay ratio.
         world = 1 if self._ranks is None else self._ranks.world_size
-        steps = (self._env_steps - self._steps_when_ready) + (
-            self._foreign_credit - self._foreign_credit_when_ready
-        )
+        own = self._env_steps - self._steps_when_ready
+        steps = own + (self._foreign_credit - self._foreign_credit_when_ready)
+        if own > 0:
+            learner.set_data_multiple(max(1.0, steps / own))
         credit = math.floor(self.config.replay_ratio * steps / world)
         return credit - (learner.updates - self._updates_when_ready)
 
