@@ -26,7 +26,10 @@ Every mode's N = 1 runs, and the offline reference runs in the same
 invocation. The participants use the client's defaults (sync every 2
 episodes, bfloat16 deltas, the target network shifted at adoption, foreign
 credit 1: each received transition earns a local step's replay-ratio
-credit) unless an option says otherwise, with `evaluate_global=False`: the
+credit) and the learner's (the target period lengthened by the square root
+of the credit earned per own step) unless an option says otherwise
+(`--learner NAME=VALUE` changes a field of every DQN learner, the offline
+reference's too), with `evaluate_global=False`: the
 bench scores the models itself after the run, so scoring takes no CPU from
 training. Everyone starts from version 0 and waits for a common "go".
 
@@ -107,6 +110,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import dataclasses
 import json
 import logging
 import math
@@ -230,6 +234,8 @@ class Settings:
     """Updates per global version (K); None: the server's default (automatic, K = N)."""
     server_lr: float | None = None
     """Server learning rate; None: the server's default."""
+    learner: tuple[tuple[str, str], ...] = ()
+    """DQN LearnerConfig fields changed from the defaults, as (name, value) text (--learner)."""
 
     @property
     def marks(self) -> list[int]:
@@ -511,10 +517,39 @@ def engine_configs(
 
 
 def learner_config(settings: Settings, algo: Algorithm) -> LearnerConfig | PPOConfig:
-    """The learner's defaults on the CPU; PPO's hidden widths are its own."""
+    """The learner's defaults on the CPU, as --learner changes them; PPO's are its own."""
     if algo == "ppo":
         return PPOConfig(device="cpu")
-    return LearnerConfig(hidden=settings.hidden, device="cpu")
+    return learner_overrides(LearnerConfig(hidden=settings.hidden, device="cpu"), settings.learner)
+
+
+def learner_overrides(base: LearnerConfig, changes: Sequence[tuple[str, str]]) -> LearnerConfig:
+    """base with each named scalar field set from its text; ValueError for anything else."""
+    fields = {f.name for f in dataclasses.fields(LearnerConfig)}
+    values: dict[str, Any] = {}
+    for name, text in changes:
+        if name not in fields:
+            raise ValueError(f"LearnerConfig has no field {name!r}")
+        current = getattr(base, name)
+        if isinstance(current, bool):
+            if text.lower() not in ("true", "false"):
+                raise ValueError(f"{name} takes true or false, got {text!r}")
+            values[name] = text.lower() == "true"
+        elif isinstance(current, int | float | str):
+            try:
+                values[name] = type(current)(text)
+            except ValueError:
+                raise ValueError(f"{name} takes a {type(current).__name__}, got {text!r}") from None
+        else:
+            raise ValueError(f"{name} is not a number, a flag or a word; set it in code")
+    return replace(base, **values)
+
+
+def name_value(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise ValueError(f"--learner takes NAME=VALUE, got {text!r}")
+    return name.replace("-", "_"), value
 
 
 def architecture(learner: LearnerConfig | PPOConfig) -> str:
@@ -1281,6 +1316,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--server-lr", type=float, help="default: the server's")
     parser.add_argument(
+        "--learner",
+        nargs="+",
+        default=[],
+        metavar="NAME=VALUE",
+        help=(
+            "DQN LearnerConfig fields to change for every participant, the offline one's "
+            "too, e.g. target_period_data_exponent=0"
+        ),
+    )
+    parser.add_argument(
         "--work-dir", type=Path, help="where runs write (default: a temp dir, removed)"
     )
     parser.add_argument("--plot", type=Path, default=Path("bench/federation.png"))
@@ -1297,8 +1342,12 @@ def settings_from(args: argparse.Namespace) -> Settings:
             budget=args.budget,
             eval_every=args.eval_every,
         )
+        learner = tuple(name_value(text) for text in args.learner)
+        learner_overrides(LearnerConfig(), learner)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+    if learner and "ppo" in args.algo:
+        raise SystemExit("--learner changes the DQN learner; drop it or --algo ppo")
     return Settings(
         env=task.env,
         target=task.target,
@@ -1311,6 +1360,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         foreign_credit=args.foreign_credit,
         buffer_size=args.buffer_size,
         server_lr=args.server_lr,
+        learner=learner,
     )
 
 
@@ -1321,6 +1371,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         logging.basicConfig(level=logging.WARNING)
         raw = json.loads(args.participant)
         raw["settings"]["hidden"] = tuple(raw["settings"]["hidden"])
+        raw["settings"]["learner"] = tuple(tuple(pair) for pair in raw["settings"]["learner"])
         run_participant(ParticipantTask(**{**raw, "settings": Settings(**raw["settings"])}))
         return
     settings = settings_from(args)

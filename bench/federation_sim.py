@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import importlib.util
 import json
 import statistics
@@ -153,7 +152,7 @@ class SimSettings:
                 )
         if self.target_at_adoption not in TARGET_AT_ADOPTION:
             raise ValueError(f"target_at_adoption must be one of {TARGET_AT_ADOPTION}")
-        learner_overrides(LearnerConfig(), self.learner)
+        federation.learner_overrides(LearnerConfig(), self.learner)
 
     def marks(self, arrangement: Arrangement) -> list[int]:
         """Per-participant env steps at which a run of `arrangement` is scored."""
@@ -161,28 +160,6 @@ class SimSettings:
         if arrangement == "offline" and self.offline_budget is not None:
             budget = self.offline_budget
         return list(range(self.task.eval_every, budget + 1, self.task.eval_every))
-
-
-def learner_overrides(base: LearnerConfig, changes: Sequence[tuple[str, str]]) -> LearnerConfig:
-    """base with each named scalar field set from its text; ValueError for anything else."""
-    fields = {f.name for f in dataclasses.fields(LearnerConfig)}
-    values: dict[str, Any] = {}
-    for name, text in changes:
-        if name not in fields:
-            raise ValueError(f"LearnerConfig has no field {name!r}")
-        current = getattr(base, name)
-        if isinstance(current, bool):
-            if text.lower() not in ("true", "false"):
-                raise ValueError(f"{name} takes true or false, got {text!r}")
-            values[name] = text.lower() == "true"
-        elif isinstance(current, int | float | str):
-            try:
-                values[name] = type(current)(text)
-            except ValueError:
-                raise ValueError(f"{name} takes a {type(current).__name__}, got {text!r}") from None
-        else:
-            raise ValueError(f"{name} is not a number, a flag or a word; set it in code")
-    return replace(base, **values)
 
 
 @dataclass(frozen=True)
@@ -244,6 +221,7 @@ def run(arrangement: Arrangement, seed: int, settings: SimSettings) -> SimRun:
         federation.Settings(),
         env=settings.task.env,
         envs_per_participant=settings.envs_per_participant * per_participant,
+        learner=settings.learner,
     )
     learns = [arrangement != "roles" or index == 0 for index in range(n)]
     engines: list[TrainingEngine] = []
@@ -251,9 +229,8 @@ def run(arrangement: Arrangement, seed: int, settings: SimSettings) -> SimRun:
         engine_config, learner = federation.engine_configs(
             bench_settings, federation.participant_seed(seed, index)
         )
-        learner = learner_overrides(learner, settings.learner)
         engines.append(TrainingEngine(engine_config, learner, learn=learns[index]))
-    initial = _initial_weights(bench_settings, seed, settings.learner)
+    initial = federation.initial_weights(bench_settings, seed, "dqn")
     exchange = Exchange(learns, settings.delay)
     for index, engine in enumerate(engines):
         engine.set_weights(initial, target="reset")
@@ -314,16 +291,6 @@ def run(arrangement: Arrangement, seed: int, settings: SimSettings) -> SimRun:
         cpu_seconds=cpu,
         foreign_received=received,
     )
-
-
-def _initial_weights(bench_settings: Any, seed: int, changes: Sequence[tuple[str, str]]) -> Weights:
-    """bench/federation.py's version 0 of the seed, for the learner as changed."""
-    engine_config, learner = federation.engine_configs(bench_settings, seed)
-    engine = TrainingEngine(engine_config, learner_overrides(learner, changes))
-    try:
-        return engine.weights()
-    finally:
-        engine.close()
 
 
 def _share_models(
@@ -457,15 +424,8 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
         target_at_adoption=args.target_at_adoption,
         foreign_credit=args.foreign_credit,
         eval_episodes=args.eval_episodes,
-        learner=tuple(_name_value(text) for text in args.learner),
+        learner=tuple(federation.name_value(text) for text in args.learner),
     )
-
-
-def _name_value(text: str) -> tuple[str, str]:
-    name, equals, value = text.partition("=")
-    if not equals or not name:
-        raise ValueError(f"--learner takes NAME=VALUE, got {text!r}")
-    return name.replace("-", "_"), value
 
 
 def main(argv: Sequence[str] | None = None) -> None:

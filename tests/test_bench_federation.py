@@ -6,6 +6,8 @@ these tests check exactly the functions the bench prints its figures with.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import threading
 from pathlib import Path
 from types import ModuleType
@@ -237,6 +239,45 @@ def test_an_unknown_env_needs_a_target(bench: ModuleType) -> None:
 def test_marks_must_fit_in_the_budget(bench: ModuleType) -> None:
     with pytest.raises(ValueError, match="--eval-every"):
         bench.resolve_task(bench.TASKS["cartpole"], budget=1_000, eval_every=2_000)
+
+
+def test_learner_fields_change_from_text_and_anything_else_is_refused(bench: ModuleType) -> None:
+    base = bench.LearnerConfig()
+    changed = bench.learner_overrides(
+        base, [("lr", "5e-4"), ("target_update_interval", "1000"), ("dueling", "false")]
+    )
+    assert (changed.lr, changed.target_update_interval, changed.dueling) == (5e-4, 1000, False)
+    assert changed.batch_size == base.batch_size
+    for changes, message in (
+        ([("learning_rate", "1")], "no field 'learning_rate'"),
+        ([("lr", "fast")], "lr takes a float"),
+        ([("dueling", "yes")], "dueling takes true or false"),
+        ([("hidden", "64")], "hidden is not a number"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            bench.learner_overrides(base, changes)
+
+
+def test_learner_options_reach_every_participants_learner_and_bad_ones_stop_the_bench(
+    bench: ModuleType,
+) -> None:
+    settings = bench.settings_from(
+        bench.parse_args(["--learner", "target_period_data_exponent=0", "lr=5e-4"])
+    )
+    # A participant process rebuilds its settings from JSON.
+    raw = json.loads(json.dumps(dataclasses.asdict(settings)))
+    raw["hidden"], raw["learner"] = tuple(raw["hidden"]), tuple(map(tuple, raw["learner"]))
+    rebuilt = bench.learner_config(bench.Settings(**raw), "dqn")
+
+    assert (rebuilt.target_period_data_exponent, rebuilt.lr) == (0.0, 5e-4)
+    assert rebuilt.hidden == bench.learner_config(bench.Settings(), "dqn").hidden
+    for argv, message in (
+        (["--learner", "lr"], "--learner takes NAME=VALUE"),
+        (["--learner", "gamma=high"], "gamma takes a float"),
+        (["--learner", "lr=1e-3", "--algo", "ppo"], "changes the DQN learner"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            bench.settings_from(bench.parse_args(argv))
 
 
 def test_the_offline_reference_starts_from_version_zero_of_the_same_seed(
