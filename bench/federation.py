@@ -230,6 +230,8 @@ class Settings:
     """Target network when a global model is adopted (the client's default, "shift")."""
     foreign_credit: float = _EXCHANGE.foreign_credit
     """Replay-ratio credit of a received transition, as a share of a local step's."""
+    pull_transitions: int = _EXCHANGE.pull_transitions
+    """Most of the others' transitions a participant pulls per sync (the client's default)."""
     buffer_size: int | None = None
     """Updates per global version (K); None: the server's default (automatic, K = N)."""
     server_lr: float | None = None
@@ -701,7 +703,9 @@ def _sync_loop(task: ParticipantTask, engine: TrainingEngine, state_dir: Path) -
         sync_interval=settings.sync_interval,
         delta_dtype=settings.delta_dtype,
         evaluate_global=False,
-        exchange=ExchangeConfig(foreign_credit=settings.foreign_credit),
+        exchange=ExchangeConfig(
+            foreign_credit=settings.foreign_credit, pull_transitions=settings.pull_transitions
+        ),
         target_at_adoption=settings.target_at_adoption,
     )
 
@@ -1300,6 +1304,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="replay-ratio credit of a received transition (default: the client's)",
     )
     parser.add_argument(
+        "--pull-transitions",
+        type=int,
+        default=defaults.pull_transitions,
+        help="most of the others' transitions pulled per sync (default: the client's)",
+    )
+    parser.add_argument(
         "--target-at-adoption",
         default=defaults.target_at_adoption,
         choices=TARGET_AT_ADOPTION,
@@ -1344,6 +1354,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         )
         learner = tuple(name_value(text) for text in args.learner)
         learner_overrides(LearnerConfig(), learner)
+        ExchangeConfig(pull_transitions=args.pull_transitions)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     if learner and "ppo" in args.algo:
@@ -1358,6 +1369,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         delta_dtype=args.delta_dtype,
         target_at_adoption=args.target_at_adoption,
         foreign_credit=args.foreign_credit,
+        pull_transitions=args.pull_transitions,
         buffer_size=args.buffer_size,
         server_lr=args.server_lr,
         learner=learner,

@@ -280,6 +280,17 @@ def test_learner_options_reach_every_participants_learner_and_bad_ones_stop_the_
             bench.settings_from(bench.parse_args(argv))
 
 
+def test_the_pull_cap_reaches_the_settings_and_a_cap_below_one_stops_the_bench(
+    bench: ModuleType,
+) -> None:
+    settings = bench.settings_from(bench.parse_args(["--pull-transitions", "16384"]))
+
+    assert settings.pull_transitions == 16_384
+    assert bench.Settings().pull_transitions == bench.ExchangeConfig().pull_transitions
+    with pytest.raises(SystemExit, match="pull_transitions"):
+        bench.settings_from(bench.parse_args(["--pull-transitions", "0"]))
+
+
 def test_the_offline_reference_starts_from_version_zero_of_the_same_seed(
     bench: ModuleType,
 ) -> None:
