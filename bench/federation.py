@@ -1376,15 +1376,24 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )
 
 
+def settings_from_json(raw: dict[str, Any]) -> Settings:
+    """Settings as a participant process receives them: JSON turned the tuples into lists."""
+    return Settings(
+        **{
+            **raw,
+            "hidden": tuple(raw["hidden"]),
+            "learner": tuple(tuple(pair) for pair in raw["learner"]),
+        }
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.participant is not None:
         die_with_parent()
         logging.basicConfig(level=logging.WARNING)
         raw = json.loads(args.participant)
-        raw["settings"]["hidden"] = tuple(raw["settings"]["hidden"])
-        raw["settings"]["learner"] = tuple(tuple(pair) for pair in raw["settings"]["learner"])
-        run_participant(ParticipantTask(**{**raw, "settings": Settings(**raw["settings"])}))
+        run_participant(ParticipantTask(**{**raw, "settings": settings_from_json(raw["settings"])}))
         return
     settings = settings_from(args)
     # Scoring plays batches of a few rows: one thread does them 7x faster than

@@ -265,10 +265,10 @@ def test_learner_options_reach_every_participants_learner_and_bad_ones_stop_the_
         bench.parse_args(["--learner", "target_period_data_exponent=0", "lr=5e-4"])
     )
     # A participant process rebuilds its settings from JSON.
-    raw = json.loads(json.dumps(dataclasses.asdict(settings)))
-    raw["hidden"], raw["learner"] = tuple(raw["hidden"]), tuple(map(tuple, raw["learner"]))
-    rebuilt = bench.learner_config(bench.Settings(**raw), "dqn")
+    received = bench.settings_from_json(json.loads(json.dumps(dataclasses.asdict(settings))))
+    rebuilt = bench.learner_config(received, "dqn")
 
+    assert received == settings
     assert (rebuilt.target_period_data_exponent, rebuilt.lr) == (0.0, 5e-4)
     assert rebuilt.hidden == bench.learner_config(bench.Settings(), "dqn").hidden
     for argv, message in (

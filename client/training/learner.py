@@ -456,7 +456,7 @@ class Learner:
         multiple is 1 and the run is the one it would be offline. Through the
         server (bench/federation.py, CartPole, 5 seeds) the square root took
         pairs from 1 of 5 solved to 4 of 5, at 1.8x fewer steps each than
-        one participant alone.
+        one participant alone (a second run: 3 of 5, 1.1x).
         """
         scale = math.pow(self._data_multiple, self.config.target_period_data_exponent)
         return max(1, round(self.config.target_update_interval * scale))
@@ -603,7 +603,7 @@ class Learner:
         """
         refuse_fixed_changes(self.config, config, RECONFIGURABLE, algorithm="DQN")
         self.config = config
-        self._target_updated_at = self.updates - self.updates % config.target_update_interval
+        self._restart_target_schedule()
         for group in self.optimizer.param_groups:
             group["lr"] = config.lr
 
@@ -653,7 +653,17 @@ class Learner:
         self.online.load_state_dict(state["online"])
         self.target.load_state_dict(state["target"])
         self.updates = int(state["updates"])
-        self._target_updated_at = self.updates - self.updates % self.config.target_update_interval
+        self._restart_target_schedule()
+
+    def _restart_target_schedule(self) -> None:
+        """Count the next target period from the last multiple of the interval.
+
+        Without others' data that is where a learner counting from update 0
+        last updated its target, so a restored or reconfigured lone learner
+        keeps the schedule it had.
+        """
+        interval = self.config.target_update_interval
+        self._target_updated_at = self.updates - self.updates % interval
 
 
 def _check_fits(what: str, module: nn.Module, saved: dict[str, Any]) -> None:
