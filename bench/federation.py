@@ -224,6 +224,8 @@ class Settings:
     """Q-network hidden widths (the learner's default)."""
     sync_interval: int = _CLIENT.sync_interval
     """Local episodes between syncs (the client's default)."""
+    sync_steps: int = _CLIENT.sync_steps
+    """Env steps between syncs if they come first (the client's default; 0: episodes only)."""
     delta_dtype: str = _CLIENT.delta_dtype
     """Wire dtype of weight deltas (the client's default)."""
     target_at_adoption: TargetAtAdoption = _CLIENT.target_at_adoption
@@ -701,6 +703,7 @@ def _sync_loop(task: ParticipantTask, engine: TrainingEngine, state_dir: Path) -
         channel_factory=lambda: grpc.aio.insecure_channel(task.address),
         share=SHARE[task.mode],
         sync_interval=settings.sync_interval,
+        sync_steps=settings.sync_steps,
         delta_dtype=settings.delta_dtype,
         evaluate_global=False,
         exchange=ExchangeConfig(
@@ -1298,6 +1301,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="local episodes between syncs (default: the client's)",
     )
     parser.add_argument(
+        "--sync-steps",
+        type=int,
+        default=defaults.sync_steps,
+        help="env steps between syncs if they come first (default: the client's; 0: episodes only)",
+    )
+    parser.add_argument(
         "--foreign-credit",
         type=float,
         default=defaults.foreign_credit,
@@ -1366,6 +1375,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         eval_every=task.eval_every,
         eval_episodes=args.eval_episodes,
         sync_interval=args.sync_interval,
+        sync_steps=args.sync_steps,
         delta_dtype=args.delta_dtype,
         target_at_adoption=args.target_at_adoption,
         foreign_credit=args.foreign_credit,

@@ -26,6 +26,7 @@ from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
+from tests.support.experience import Server as ExperienceServer
 from tests.support.ports import free_port
 from tests.support.server_harness import InProcessServer, server_config
 
@@ -149,6 +150,39 @@ def test_adopting_a_global_model_treats_the_target_network_as_configured(
         assert all(torch.equal(t, o) for t, o in zip(target, online, strict=True))
     else:
         assert all(torch.equal(t, b) for t, b in zip(target, target_before, strict=True))
+
+
+@pytest.mark.parametrize("sync_steps", [0, 200])
+def test_env_steps_make_a_sync_due_when_episodes_would_not(tmp_path: Path, sync_steps: int) -> None:
+    records: list[dict[str, Any]] = []
+    with (
+        ExperienceServer(tmp_path / "server") as server,
+        participant(
+            server.address,
+            tmp_path / "a",
+            "alice",
+            sync_interval=100_000,
+            sync_steps=sync_steps,
+            on_record=records.append,
+        ) as (engine, loop),
+    ):
+        while engine.counters.env_steps < 2_000:
+            loop.after_poll(engine.poll())
+        deadline = time.monotonic() + 10.0
+        while sync_steps and participants_on_server(server)["alice"].experience_batches < 2:
+            assert time.monotonic() < deadline, "no experience batch arrived"
+            time.sleep(0.05)
+        alice = participants_on_server(server)["alice"]
+        episodes = engine.counters.episodes
+
+    pushes = [r for r in records if r["kind"] == "sync"]
+    assert episodes < 100_000
+    if sync_steps:
+        assert len(pushes) >= 2 and alice.updates_accepted >= 1
+        assert alice.experience_batches >= 2
+    else:
+        assert pushes == [] and alice.updates_accepted == 0
+        assert alice.experience_batches == 0
 
 
 def test_sync_loop_refuses_an_unknown_target_policy(tmp_path: Path) -> None:

@@ -218,6 +218,7 @@ def train_federated(config: TrainConfig, ranks: RankGroup | None = None) -> Coun
             channel_factory=lambda: _channel(config),
             share=config.effective_share,
             sync_interval=config.sync_interval,
+            sync_steps=config.sync_steps,
             delta_dtype=config.delta_dtype,
             exchange=config.exchange,
             target_at_adoption=config.target_at_adoption,

@@ -105,6 +105,14 @@ class TrainConfig:
             "after every rollout update."
         ),
     )
+    sync_steps: int = field(
+        default=0,
+        metadata=doc(
+            "DQN: also push (and share experience) once this many env steps have passed since "
+            "the last push, if that comes before --sync-interval's episodes: long episodes then "
+            "do not stretch the time between syncs. 0: episodes only."
+        ),
+    )
     delta_dtype: Literal["bfloat16", "float16", "float32"] = field(
         default="bfloat16",
         metadata=doc("Wire type of pushed weight deltas (zstd-compressed in any case)."),
@@ -218,7 +226,7 @@ class TrainConfig:
                 f"--learners {self.learners} runs data-parallel learner ranks, and --role actor "
                 "trains nothing: drop --learners, or use --role learner"
             )
-        for name in ("episodes", "total_episodes"):
+        for name in ("episodes", "total_episodes", "sync_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.max_env_steps < 0:

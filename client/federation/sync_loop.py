@@ -18,8 +18,9 @@ participant shares with the session is its `share`:
 
 Experience is off-policy data: a PPO participant shares weights only.
 
-Every `sync_interval` local episodes the weight half pushes and the
-experience half queues a batch, each on its own clock. The run stops when
+Every `sync_interval` local episodes, or `sync_steps` env steps if that
+comes first (fedrl.client.federation.sync_interval), the weight half pushes
+and the experience half queues a batch, each on its own clock. The run stops when
 the session goal is reached (the server says so, or its count plus this
 participant's unpushed episodes reach it): the current round finishes,
 `finish` pushes and queues what is left and flushes the outbox (bounded
@@ -50,6 +51,7 @@ from fedrl.client.federation.global_scoring import VersionScore
 from fedrl.client.federation.observation_bounds import ObservationBounds
 from fedrl.client.federation.outbox import Outbox, OutboxLimits
 from fedrl.client.federation.server_link import ServerLink, ServerView
+from fedrl.client.federation.sync_interval import SyncInterval
 from fedrl.client.federation.sync_state import STATE_FILE
 from fedrl.client.federation.weight_sync import WeightSync
 from fedrl.client.training.engine import PollResult, TrainingEngine
@@ -91,6 +93,7 @@ class SyncLoop:
         channel_factory: Callable[[], grpc.aio.Channel],
         share: Share = "both",
         sync_interval: int = 10,
+        sync_steps: int = 0,
         delta_dtype: str = "bfloat16",
         evaluate_global: bool = True,
         outbox_limits: OutboxLimits = _DEFAULT_OUTBOX_LIMITS,
@@ -103,9 +106,10 @@ class SyncLoop:
         other participants' transitions go into its replay, TrainingEngine.add_foreign).
         `target_at_adoption` is what the learner's target network does when a global model
         is adopted (Learner.set_weights).
+        `sync_interval` (episodes) and `sync_steps` (env steps, 0: none) say when progress
+        is pushed and experience queued, whichever comes first (SyncInterval).
         `on_record` receives one metrics record per push ("sync") and adoption ("adopt")."""
-        if sync_interval < 1:
-            raise ValueError(f"sync interval must be at least one episode, got {sync_interval}")
+        interval = SyncInterval(episodes=sync_interval, env_steps=sync_steps)
         if not engine.learns and share != "both":
             raise ValueError(
                 "a participant that only acts (--role actor) plays the global model and pushes "
@@ -117,7 +121,7 @@ class SyncLoop:
         self._session = session
         self._spec = spec
         self._channel_factory = channel_factory
-        self._sync_interval = sync_interval
+        self._sync_interval = interval
         self._outbox_limits = outbox_limits
         self._backoff = backoff
         self._weights: WeightSync | None = None
@@ -128,7 +132,7 @@ class SyncLoop:
                 participant_id=participant_id,
                 session=session,
                 spec_hash=spec_hash(spec),
-                sync_interval=sync_interval,
+                sync_interval=interval,
                 delta_dtype=delta_dtype,
                 evaluate_global=evaluate_global,
                 target_at_adoption=target_at_adoption,
@@ -157,6 +161,7 @@ class SyncLoop:
         self._link: ServerLink | None = None
         self._outbox: Outbox | None = None
         self._experience_queued_at = 0
+        self._experience_queued_steps = 0
         self._experience_queued_time = -math.inf
 
     @property
@@ -191,6 +196,7 @@ class SyncLoop:
             if self._experience is not None:
                 self._experience.attach(link, self._outbox)
             self._experience_queued_at = self._engine.counters.episodes
+            self._experience_queued_steps = self._engine.counters.env_steps
             if reply is not None:
                 try:
                     reply = link.connect()
@@ -219,9 +225,13 @@ class SyncLoop:
         # time, as for updates: while one waits (the server's rate limit, a
         # slow link), new transitions gather into the next, larger batch
         # instead of a queue the outbox would have to drop from.
+        counters = self._engine.counters
         if (
             self._experience is not None
-            and self._engine.counters.episodes - self._experience_queued_at >= self._sync_interval
+            and self._sync_interval.due(
+                episodes=counters.episodes - self._experience_queued_at,
+                env_steps=counters.env_steps - self._experience_queued_steps,
+            )
             and time.monotonic() - self._experience_queued_time >= self.view.push_spacing_s
             and not self._experience.in_flight()
         ):
@@ -241,6 +251,7 @@ class SyncLoop:
             return None
         link = self._require_link()
         self._experience_queued_at = self._engine.counters.episodes
+        self._experience_queued_steps = self._engine.counters.env_steps
         self._experience_queued_time = time.monotonic()
         entry = self._experience.queue(self._outbox, chunk_bytes=link.chunk_bytes)
         if entry is None:

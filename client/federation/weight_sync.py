@@ -7,10 +7,11 @@ durable outbox (main thread writes, network thread sends and deletes), a
 "sendable through" sequence number, and a slot holding the newest pulled
 global model, which the main thread adopts at its next round.
 
-Every `sync_interval` local episodes (PPO: after every rollout update, the
-unit of its progress), once the previous update has been acknowledged (one
-in flight at a time, so a slow link or the server's rate limit makes updates
-larger, not late), the main thread:
+Every sync interval (`SyncInterval`: so many local episodes or env steps;
+PPO: after every rollout update, the unit of its progress), once the
+previous update has been acknowledged (one in flight at a time, so a slow
+link or the server's rate limit makes updates larger, not late), the main
+thread:
 
 1. takes an INCREMENTAL delta, local − reference, where the reference is the
    weights at the last push or adoption (the lead's decision: a delta from
@@ -78,6 +79,7 @@ from fedrl.client.federation.federation_client import (
 from fedrl.client.federation.global_scoring import GlobalScoring, VersionScore
 from fedrl.client.federation.outbox import Entry, Outbox, decode_update, update_messages
 from fedrl.client.federation.server_link import ServerLink
+from fedrl.client.federation.sync_interval import SyncInterval
 from fedrl.client.federation.sync_state import (
     InFlight,
     NamedArrays,
@@ -112,7 +114,7 @@ class WeightSync:
         participant_id: str,
         session: str,
         spec_hash: str,
-        sync_interval: int,
+        sync_interval: SyncInterval,
         delta_dtype: str,
         evaluate_global: bool,
         target_at_adoption: TargetAtAdoption,
@@ -123,8 +125,6 @@ class WeightSync:
                 f"target_at_adoption must be one of {', '.join(TARGET_AT_ADOPTION)}, "
                 f"got {target_at_adoption!r}"
             )
-        if sync_interval < 1:
-            raise ValueError(f"sync interval must be at least one episode, got {sync_interval}")
         if delta_dtype not in DELTA_DTYPES:
             raise ValueError(
                 f"delta dtype must be one of {', '.join(DELTA_DTYPES)}, got {delta_dtype!r}"
@@ -246,7 +246,9 @@ class WeightSync:
         due = (
             result.policy_updates > 0
             if self._engine.on_policy
-            else self.unpushed_episodes >= self._sync_interval
+            else self._sync_interval.due(
+                episodes=self.unpushed_episodes, env_steps=self.unpushed_env_steps
+            )
         )
         paced = time.monotonic() - self._pushed_at >= self._require_link().view.push_spacing_s
         if due and paced and not self._outbox.pending(UPDATE):
@@ -439,6 +441,12 @@ class WeightSync:
         """Episodes trained since the last push (the session does not count them yet)."""
         pushed = self._state.pushed_episodes if self._state is not None else 0
         return self._engine.counters.episodes - pushed
+
+    @property
+    def unpushed_env_steps(self) -> int:
+        """Env steps taken since the last push."""
+        pushed = self._state.pushed_env_steps if self._state is not None else 0
+        return self._engine.counters.env_steps - pushed
 
     @property
     def global_score(self) -> VersionScore | None:
