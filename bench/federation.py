@@ -61,7 +61,15 @@ weights, written at that mark. A score is the mean return of
 `--eval-episodes` (default 20) greedy episodes on evaluation envs of the
 bench's own, seeded per (seed, mark), so every configuration of a seed is
 scored on the same episode starts; a version that is the newest at two
-marks is played afresh at each.
+marks is played afresh at each. Participant 0's own model is scored at
+every mark too, on an evaluator of its own with the same starts: it is the
+agent a member holds, and it changes at every mark as a lone learner's
+does, while global versions can come rarer than marks (on CartPole, a sync
+every 2 episodes of 500 steps): then the two marks that count as "reached"
+can score one version twice, a test a lone learner, whose two marks always
+score two models, never gets. Seen in stop 25's CartPole figures: most
+reached pairs of `both` were one version (this bench's "1 ver" column
+counts them); on LunarLander, versions outnumbered marks and none were.
 
 Figures per configuration, over seeds (5 by default):
 - solved k/seeds: "reached" is a score at or above the target at two
@@ -80,7 +88,10 @@ Figures per configuration, over seeds (5 by default):
 - wall clock to target and its speed-up only where N <= cores: each
   participant is one thread, and the server takes its CPU beside them;
 - the mean score over all marks (the area under the curve: how fast it
-  learns even below the target).
+  learns even below the target);
+- where a global version is scored: how many seeds reached the target on
+  one version scored at both marks, and participant 0's own model's solved
+  count, median steps and speed-up.
 
 In "roles" the actors train nothing and, left alone, would run far ahead
 of the learner (CartPole, N = 2, 3,000 steps each: the actor was done in
@@ -333,6 +344,9 @@ class RunResult:
     global model is scored, participant 0's own time where its local model is)."""
     versions: list[int]
     """Global version scored at each mark (-1: participant 0's local model)."""
+    own_returns: list[float]
+    """Score of participant 0's own model at each mark: the agent a member holds (the same
+    as `returns` where that is what is scored; in "roles" participant 0 is the learner)."""
     initial_return: float
     """Score of the network every participant started from (version 0)."""
     participants: list[ParticipantReport]
@@ -351,6 +365,24 @@ class RunResult:
     def steps_to_target(self) -> int | None:
         index = self.reached
         return None if index is None else self.marks[index]
+
+    @property
+    def own_steps_to_target(self) -> int | None:
+        """Steps to target of participant 0's own model, two consecutive marks as for any."""
+        index = reached_at(self.own_returns, self.target)
+        return None if index is None else self.marks[index]
+
+    @property
+    def reached_on_one_version(self) -> bool:
+        """Whether the two marks that reached the target scored the same global version.
+
+        Versions can come rarer than marks (a sync every 2 episodes of 500
+        steps), and then one model scored twice passes the test meant to
+        show that a learner stays good while it trains on; a lone learner's
+        two marks always score two models.
+        """
+        index = self.reached
+        return index is not None and self.versions[index] == self.versions[index + 1] >= 0
 
     @property
     def first_mark_at_target(self) -> int | None:
@@ -449,10 +481,19 @@ class Summary:
     mean_return: float
     """Mean score over all marks and seeds: the area under the curve."""
     per_seed_steps: list[int | None]
+    own_solved: int
+    """Seeds where participant 0's own model reached the target."""
+    own_steps: float | None
+    """Median steps to target of participant 0's own model."""
+    own_per_seed_steps: list[int | None]
+    one_version: int
+    """Seeds whose target was reached by one global version scored at two marks."""
     own_cores: bool
     """N <= cores: each participant had a core of its own, so wall clock compares."""
     speedup: float | None = None
     """Offline median steps / this median."""
+    own_speedup: float | None = None
+    """Offline median steps / the median of participant 0's own model."""
     wall_speedup: float | None = None
     """Offline median wall clock / this one (only where own_cores)."""
     reference_solved: int | None = None
@@ -480,6 +521,7 @@ def _against(summary: Summary, reference: Summary | None) -> Summary:
     return replace(
         summary,
         speedup=ratio(reference.steps, summary.steps),
+        own_speedup=ratio(reference.steps, summary.own_steps),
         wall_speedup=ratio(reference.seconds, summary.seconds) if summary.own_cores else None,
         reference_solved=reference.solved,
     )
@@ -499,6 +541,10 @@ def _summary(c: Configuration, runs: Sequence[RunResult], cores: int) -> Summary
         cpu_to_target=median_or_none([r.cpu_to_target for r in runs]),
         mean_return=statistics.fmean(v for r in runs for v in r.returns),
         per_seed_steps=[r.steps_to_target for r in runs],
+        own_solved=sum(r.own_steps_to_target is not None for r in runs),
+        own_steps=median_or_none([r.own_steps_to_target for r in runs]),
+        own_per_seed_steps=[r.own_steps_to_target for r in runs],
+        one_version=sum(r.reached_on_one_version for r in runs),
         own_cores=own_cores,
     )
 
@@ -893,7 +939,7 @@ def run_configuration(
                 settings=settings,
                 algo=configuration.algo,
                 learns=configuration.mode != "roles" or index == 0,
-                save_local=configuration.scores_local_model and index == 0,
+                save_local=index == 0,
                 pace_path=str(run_dir / "learner_steps") if configuration.mode == "roles" else "",
             )
             participants.append(Participant(task, run_dir / f"p{index}.log"))
@@ -928,6 +974,7 @@ def run_configuration(
         returns=curve.returns,
         seconds=curve.seconds,
         versions=curve.versions,
+        own_returns=curve.own_returns,
         initial_return=curve.initial_return,
         participants=reports,
         total_versions=len(versions),
@@ -944,6 +991,7 @@ class Curve:
     returns: list[float]
     seconds: list[float]
     versions: list[int]
+    own_returns: list[float]
     initial_return: float
 
 
@@ -958,32 +1006,39 @@ def score_run(
     versions: Sequence[pb.VersionState],
     initial: list[tuple[str, Any]],
 ) -> Curve:
-    """Score the model of every mark: the newest global version by then, or p0's own weights."""
+    """Score the model of every mark: the newest global version by then, or p0's own weights;
+    and p0's own weights in any case (the same scores where those are what is scored)."""
     engine_config, learner = engine_configs(settings, seed, configuration.algo)
     probe = TrainingEngine(engine_config, learner)
     network = probe.learner.online
     probe.close()
-    # One evaluator per run, used once per mark in order: mark i of every
-    # configuration of this seed is played from the same episode starts.
-    scorer = Scorer(
-        network,
-        Evaluator(
-            settings.env,
-            episodes=settings.eval_episodes,
-            seed=np.random.SeedSequence([seed, 7_919]),
-            max_steps=100_000,
-        ),
-    )
+
+    # One evaluator per run and model, used once per mark in order: mark i of
+    # every configuration of this seed is played from the same episode starts.
+    def scorer() -> Scorer:
+        return Scorer(
+            network,
+            Evaluator(
+                settings.env,
+                episodes=settings.eval_episodes,
+                seed=np.random.SeedSequence([seed, 7_919]),
+                max_steps=100_000,
+            ),
+        )
+
+    scorers = [scorer()] if configuration.scores_local_model else [scorer(), scorer()]
     created = [v.created_unix_ms for v in versions]
     returns: list[float] = []
+    own_returns: list[float] = []
     seconds: list[float] = []
     scored: list[int] = []
     try:
         for index, mark in enumerate(settings.marks):
+            own = _load_weights(run_dir / "p0" / "local" / f"{mark}.npz")
             when: float
             if configuration.scores_local_model:
                 when = reports[0].mark_ms[index]
-                weights = _load_weights(run_dir / "p0" / "local" / f"{mark}.npz")
+                weights = own
                 scored.append(-1)
             else:
                 when = statistics.median(p.mark_ms[index] for p in reports)
@@ -994,11 +1049,19 @@ def score_run(
                 weights = _load_checkpoint(run_dir / "server" / versions[newest].checkpoint)
                 scored.append(versions[newest].version)
             seconds.append((when - start_ms) / 1000)
-            returns.append(scorer.score(weights).mean)
-        initial_return = scorer.score(initial).mean
+            returns.append(scorers[0].score(weights).mean)
+            own_returns.append(scorers[-1].score(own).mean if len(scorers) > 1 else returns[-1])
+        initial_return = scorers[0].score(initial).mean
     finally:
-        scorer.close()
-    return Curve(returns=returns, seconds=seconds, versions=scored, initial_return=initial_return)
+        for each in scorers:
+            each.close()
+    return Curve(
+        returns=returns,
+        seconds=seconds,
+        versions=scored,
+        own_returns=own_returns,
+        initial_return=initial_return,
+    )
 
 
 def _load_checkpoint(path: Path) -> list[tuple[str, np.ndarray]]:
@@ -1013,13 +1076,29 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _own(result: RunResult) -> str:
+    """What a run line adds where a global version, not participant 0's model, is scored."""
+    if result.configuration.scores_local_model:
+        return ""
+    once = ", one version scored twice" if result.reached_on_one_version else ""
+    return f"{once}; participant 0's own model {_fmt(result.own_steps_to_target, ',')}"
+
+
+def _inverse(value: float | None) -> float | None:
+    return None if not value else 1.0 / value
+
+
+def _dashes(values: Sequence[int | None]) -> list[int | str]:
+    return ["-" if v is None else v for v in values]
+
+
 def run_line(result: RunResult) -> str:
     """One run's figures, printed as it ends."""
     curve = " ".join(f"{v:.0f}" for v in result.returns)
     return (
         f"{result.configuration.key} seed {result.seed}: target at "
         f"{_fmt(result.steps_to_target, ',')} steps/participant "
-        f"(first mark {_fmt(result.first_mark_at_target, ',')}), "
+        f"(first mark {_fmt(result.first_mark_at_target, ',')}{_own(result)}), "
         f"{_fmt(result.seconds_to_target, '.0f')} s; {result.updates_per_step:.2f} updates/step, "
         f"{result.cpu_seconds:.1f} CPU s/participant, server {result.server_cpu_seconds:.1f} CPU "
         f"s; {result.total_versions} versions, {result.foreign_received:,} foreign transitions "
@@ -1035,6 +1114,10 @@ COLUMNS = (
     ("speed-up", 8),
     ("0.8·N", 5),
     ("1st mark", 8),
+    ("1 ver", 5),
+    ("p0 own", 6),
+    ("p0 steps", 8),
+    ("p0 x", 5),
     ("upd/step", 8),
     ("CPU s/p", 7),
     ("CPU→tgt", 7),
@@ -1068,6 +1151,10 @@ def table_lines(summaries: Sequence[Summary], settings: Settings, cores: int) ->
             _fmt(s.speedup, ".2f"),
             f"{0.8 * c.n:.1f}" if c.n > 1 else "-",
             _fmt(s.first_mark, ",.0f"),
+            f"{s.one_version}",
+            f"{s.own_solved}/{s.seeds}",
+            _fmt(s.own_steps, ",.0f"),
+            _fmt(s.own_speedup, ".2f"),
             f"{s.updates_per_step:.2f}",
             f"{s.cpu_seconds:.1f}",
             _fmt(s.cpu_to_target, ".1f"),
@@ -1078,11 +1165,15 @@ def table_lines(summaries: Sequence[Summary], settings: Settings, cores: int) ->
         row = f"{cells[0]:<{COLUMNS[0][1]}} " + " ".join(
             f"{cell:>{width}}" for cell, (_, width) in zip(cells[1:], COLUMNS[1:], strict=True)
         )
-        yield f"{row}  {['-' if v is None else v for v in s.per_seed_steps]}"
+        own = "" if c.scores_local_model else f" p0 own {_dashes(s.own_per_seed_steps)}"
+        yield f"{row}  {_dashes(s.per_seed_steps)}{own}"
     yield (
         "steps/p: median per-participant env steps to target (unsolved seeds as infinity); "
         "speed-up: offline's median / this one (target >= 0.8·N); 1st mark: median first "
-        "single mark >= target; upd/step: gradient updates per own env step and CPU s/p: CPU "
+        "single mark >= target; 1 ver: seeds whose two marks scored one global version twice "
+        "(a lone learner's two marks are two models); p0 own, p0 steps, p0 x: solved, median "
+        "steps and speed-up of participant 0's own model, the agent a member holds; upd/step: "
+        "gradient updates per own env step and CPU s/p: CPU "
         "seconds, means over participants (actors count 0 updates); CPU→tgt: CPU s/p to the "
         f"target; wall s and wall x (offline's / this) only where N <= {cores} cores, the "
         "server sharing them; mean: mean score over all marks (area under the curve)."
@@ -1093,7 +1184,9 @@ def table_lines(summaries: Sequence[Summary], settings: Settings, cores: int) ->
     for s in checks:
         yield (
             f"  {s.configuration.key}: steps x{_fmt(s.steps_vs_reference, '.2f')} of offline's, "
-            f"solved {s.solved}/{s.seeds} against {_fmt(s.reference_solved, 'd')}/{s.seeds}"
+            f"solved {s.solved}/{s.seeds} against {_fmt(s.reference_solved, 'd')}/{s.seeds}; "
+            f"participant 0's own model: steps x{_fmt(_inverse(s.own_speedup), '.2f')}, "
+            f"solved {s.own_solved}/{s.seeds}"
         )
 
 
@@ -1172,6 +1265,11 @@ def report(
                 "cpu_seconds_to_target_per_participant": s.cpu_to_target,
                 "mean_return": s.mean_return,
                 "per_seed_steps": s.per_seed_steps,
+                "reached_on_one_version": s.one_version,
+                "own_solved": s.own_solved,
+                "own_median_steps_to_target": s.own_steps,
+                "own_speedup_vs_offline": s.own_speedup,
+                "own_per_seed_steps": s.own_per_seed_steps,
             }
             for s in summaries
         ],
@@ -1186,6 +1284,9 @@ def report(
                 "initial_return": r.initial_return,
                 "steps_to_target": r.steps_to_target,
                 "first_mark_at_target": r.first_mark_at_target,
+                "reached_on_one_version": r.reached_on_one_version,
+                "own_returns": r.own_returns,
+                "own_steps_to_target": r.own_steps_to_target,
                 "seconds_to_target": r.seconds_to_target,
                 "cpu_seconds_to_target": r.cpu_to_target,
                 "updates_per_env_step": r.updates_per_step,

@@ -34,8 +34,12 @@ def run(
     target: float = 475.0,
     updates: tuple[int, ...] = (),
     cpu: tuple[float, ...] = (),
+    versions: list[int] | None = None,
+    own_returns: list[float] | None = None,
 ) -> Any:
-    """A RunResult with marks every 100 steps, one second and one CPU second per mark."""
+    """A RunResult with marks every 100 steps, one second and one CPU second per mark; the
+    local model scored unless `versions` are given, participant 0's own scores = `returns`
+    unless given."""
     marks = [100 * (i + 1) for i in range(len(returns))]
     participants = [
         bench.ParticipantReport(
@@ -56,7 +60,8 @@ def run(
         marks=marks,
         returns=returns,
         seconds=[float(k + 1) for k in range(len(marks))],
-        versions=[-1] * len(marks),
+        versions=[-1] * len(marks) if versions is None else versions,
+        own_returns=returns if own_returns is None else own_returns,
         initial_return=9.0,
         participants=participants,
         total_versions=0,
@@ -135,6 +140,41 @@ def test_speedup_is_offline_median_over_this_median_with_what_participants_spent
     assert pair.own_cores
     assert pair.wall_speedup == pytest.approx(5.0 / 2.0)
     assert pair.per_seed_steps == [200, 200]
+
+
+def test_a_target_reached_by_one_version_scored_twice_is_told_apart(bench: ModuleType) -> None:
+    high = 500.0
+    once = run(bench, "both", 2, 0, [10.0, high, high, 10.0], versions=[0, 3, 3, 4])
+    twice = run(bench, "both", 2, 1, [10.0, high, high, 10.0], versions=[0, 3, 4, 4])
+    alone = run(bench, "offline", 1, 0, [10.0, high, high, 10.0])
+
+    assert [r.steps_to_target for r in (once, twice, alone)] == [200, 200, 200]
+    assert [r.reached_on_one_version for r in (once, twice, alone)] == [True, False, False]
+    assert bench.summarise([once, twice], cores=2)[0].one_version == 1
+
+
+def test_participant_zeros_own_model_gets_its_own_steps_and_speedup(bench: ModuleType) -> None:
+    low, high = 0.0, 500.0
+    results = [
+        run(bench, "offline", 1, 0, [low, low, low, high, high]),
+        run(
+            bench,
+            "both",
+            2,
+            0,
+            [low, high, high, low, low],
+            versions=[0, 1, 1, 2, 3],
+            own_returns=[low, low, high, high, low],
+        ),
+    ]
+
+    summaries = {s.configuration.key: s for s in bench.summarise(results, cores=2)}
+
+    pair = summaries["dqn both N=2"]
+    assert (pair.steps, pair.speedup) == (200.0, 2.0)
+    assert (pair.own_solved, pair.own_steps, pair.own_speedup) == (1, 300.0, 4 / 3)
+    assert pair.own_per_seed_steps == [300]
+    assert summaries["dqn offline N=1"].own_steps == 400.0
 
 
 def test_no_speedup_when_the_median_seed_is_unsolved(bench: ModuleType) -> None:
