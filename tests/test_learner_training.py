@@ -163,36 +163,6 @@ def test_the_target_period_grows_with_the_data_to_the_configured_power(
     assert learner.target_period() == period
 
 
-@pytest.mark.parametrize(
-    ("exponent", "multiple", "lr"),
-    [(0.5, 1.0, 1e-3), (0.5, 4.0, 5e-4), (0.0, 4.0, 1e-3), (1.0, 4.0, 2.5e-4)],
-)
-def test_the_step_size_shrinks_with_the_data_to_the_configured_power(
-    exponent: float, multiple: float, lr: float
-) -> None:
-    config = dataclasses.replace(SMALL, lr=1e-3, lr_data_exponent=exponent)
-    learner = Learner(obs_shape=(CHAIN,), n_actions=2, config=config)
-
-    learner.set_data_multiple(multiple)
-
-    assert learner.learning_rate() == pytest.approx(lr)
-    assert [g["lr"] for g in learner.optimizer.param_groups] == [pytest.approx(lr)]
-
-
-def test_a_restored_or_reconfigured_learner_steps_at_its_current_multiples_rate() -> None:
-    config = dataclasses.replace(SMALL, lr=1e-3, lr_data_exponent=0.5)
-    saved = Learner(obs_shape=(CHAIN,), n_actions=2, config=config)
-    saved.set_data_multiple(4.0)
-    restored = Learner(obs_shape=(CHAIN,), n_actions=2, config=config)
-
-    restored.load_state_dict(saved.state_dict())
-    at_restore = restored.optimizer.param_groups[0]["lr"]
-    saved.reconfigure(dataclasses.replace(config, lr=2e-3))
-
-    assert at_restore == pytest.approx(1e-3)
-    assert saved.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
-
-
 @pytest.mark.parametrize("multiple", [0.5, float("nan"), float("inf")])
 def test_a_data_multiple_below_one_or_not_finite_is_refused(multiple: float) -> None:
     learner = Learner(obs_shape=(CHAIN,), n_actions=2, config=SMALL)
@@ -348,7 +318,6 @@ def test_same_seed_builds_the_same_network() -> None:
         ({"huber_delta": -1.0}, "huber_delta must be > 0 or None"),
         ({"polyak_tau": 0.0}, r"polyak_tau must lie in \(0, 1\]"),
         ({"target_period_data_exponent": -0.5}, r"data_exponent must lie in \[0, 1\]"),
-        ({"lr_data_exponent": 1.5}, r"lr_data_exponent must lie in \[0, 1\]"),
     ],
 )
 def test_bad_config_values_are_refused_with_the_field_name(

@@ -119,14 +119,6 @@ class LearnerConfig:
             "by four participants' data."
         ),
     )
-    lr_data_exponent: float = field(
-        default=0.0,
-        metadata=doc(
-            "The learning rate shrinks as (transitions credited, others' included, per own "
-            "env step) to minus this power: 0 keeps it fixed; 0.5 halves it for a learner fed "
-            "by four participants' data."
-        ),
-    )
     polyak_tau: float = field(
         default=0.005,
         metadata=doc(
@@ -176,11 +168,11 @@ class LearnerConfig:
             raise ValueError(f"LearnerConfig.polyak_tau must lie in (0, 1], got {self.polyak_tau}")
         if self.alpha < 0.0:
             raise ValueError(f"LearnerConfig.alpha must be >= 0, got {self.alpha}")
-        for name in ("target_period_data_exponent", "lr_data_exponent"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(
-                    f"LearnerConfig.{name} must lie in [0, 1], got {getattr(self, name)}"
-                )
+        if not 0.0 <= self.target_period_data_exponent <= 1.0:
+            raise ValueError(
+                "LearnerConfig.target_period_data_exponent must lie in [0, 1], "
+                f"got {self.target_period_data_exponent}"
+            )
         if any(width < 1 for width in self.hidden):
             raise ValueError(f"LearnerConfig.hidden widths must be >= 1, got {self.hidden}")
         if self.learning_starts < 0:
@@ -469,27 +461,11 @@ class Learner:
         scale = math.pow(self._data_multiple, self.config.target_period_data_exponent)
         return max(1, round(self.config.target_update_interval * scale))
 
-    def learning_rate(self) -> float:
-        """The optimizer's step size: lr, smaller for a data-rich learner.
-
-        A learner fed by others' experience makes more updates per own env
-        step, so at a fixed lr its greedy policy moves that much further
-        between two of its episodes. Alone the multiple is 1 and lr is the
-        configured one.
-        """
-        return self.config.lr * math.pow(self._data_multiple, -self.config.lr_data_exponent)
-
     def set_data_multiple(self, multiple: float) -> None:
         """Tell the learner how many transitions it takes in per env step of its own (>= 1)."""
         if not (math.isfinite(multiple) and multiple >= 1.0):
             raise ValueError(f"the data multiple must be finite and >= 1, got {multiple}")
         self._data_multiple = multiple
-        self._apply_learning_rate()
-
-    def _apply_learning_rate(self) -> None:
-        lr = self.learning_rate()
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
 
     def _loss(self, batch: DeviceBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Forward passes and dqn_loss: the part torch.compile may fuse."""
@@ -628,7 +604,8 @@ class Learner:
         refuse_fixed_changes(self.config, config, RECONFIGURABLE, algorithm="DQN")
         self.config = config
         self._restart_target_schedule()
-        self._apply_learning_rate()
+        for group in self.optimizer.param_groups:
+            group["lr"] = config.lr
 
     def reset_optimizer(self) -> None:
         """Forget Adam's moments and step counts, e.g. after copying another member's weights."""
@@ -677,8 +654,6 @@ class Learner:
         self.target.load_state_dict(state["target"])
         self.updates = int(state["updates"])
         self._restart_target_schedule()
-        # The saved param groups hold the rate of the multiple at saving time.
-        self._apply_learning_rate()
 
     def _restart_target_schedule(self) -> None:
         """Count the next target period from the last multiple of the interval.
