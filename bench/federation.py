@@ -504,6 +504,11 @@ class Summary:
         """This median over offline's: N = 1 federated should stay within 1.1 of it."""
         return None if self.speedup is None else 1.0 / self.speedup
 
+    @property
+    def own_steps_vs_reference(self) -> float | None:
+        """The same for participant 0's own model: at N = 1 it is offline's, run for run."""
+        return None if self.own_speedup is None else 1.0 / self.own_speedup
+
 
 def summarise(results: Sequence[RunResult], cores: int) -> list[Summary]:
     """One Summary per configuration, in sweep order, each against its offline reference."""
@@ -1084,10 +1089,6 @@ def _own(result: RunResult) -> str:
     return f"{once}; participant 0's own model {_fmt(result.own_steps_to_target, ',')}"
 
 
-def _inverse(value: float | None) -> float | None:
-    return None if not value else 1.0 / value
-
-
 def _dashes(values: Sequence[int | None]) -> list[int | str]:
     return ["-" if v is None else v for v in values]
 
@@ -1185,7 +1186,7 @@ def table_lines(summaries: Sequence[Summary], settings: Settings, cores: int) ->
         yield (
             f"  {s.configuration.key}: steps x{_fmt(s.steps_vs_reference, '.2f')} of offline's, "
             f"solved {s.solved}/{s.seeds} against {_fmt(s.reference_solved, 'd')}/{s.seeds}; "
-            f"participant 0's own model: steps x{_fmt(_inverse(s.own_speedup), '.2f')}, "
+            f"participant 0's own model: steps x{_fmt(s.own_steps_vs_reference, '.2f')}, "
             f"solved {s.own_solved}/{s.seeds}"
         )
 

@@ -173,6 +173,7 @@ def test_participant_zeros_own_model_gets_its_own_steps_and_speedup(bench: Modul
     pair = summaries["dqn both N=2"]
     assert (pair.steps, pair.speedup) == (200.0, 2.0)
     assert (pair.own_solved, pair.own_steps, pair.own_speedup) == (1, 300.0, 4 / 3)
+    assert pair.own_steps_vs_reference == pytest.approx(0.75)
     assert pair.own_per_seed_steps == [300]
     assert summaries["dqn offline N=1"].own_steps == 400.0
 

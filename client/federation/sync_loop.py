@@ -19,12 +19,12 @@ participant shares with the session is its `share`:
 Experience is off-policy data: a PPO participant shares weights only.
 
 Every `sync_interval` local episodes, or `sync_steps` env steps if that
-comes first (fedrl.client.federation.sync_interval), the weight half pushes
-and the experience half queues a batch, each on its own clock. The run stops when
-the session goal is reached (the server says so, or its count plus this
-participant's unpushed episodes reach it): the current round finishes,
-`finish` pushes and queues what is left and flushes the outbox (bounded
-wait), and the caller saves.
+comes first (fedrl.client.federation.sync_interval), the weight half
+pushes and the experience half queues a batch, each on its own clock. The
+run stops when the session goal is reached (the server says so, or its
+count plus this participant's unpushed episodes reach it): the current
+round finishes, `finish` pushes and queues what is left and flushes the
+outbox (bounded wait), and the caller saves.
 
 Exploration needs no global schedule: actors use fixed Ape-X rates
 (fedrl.client.training.exploration), not a decay from ε = 1, so a
