@@ -166,23 +166,26 @@ def test_env_steps_make_a_sync_due_when_episodes_would_not(tmp_path: Path, sync_
             on_record=records.append,
         ) as (engine, loop),
     ):
-        while engine.counters.env_steps < 2_000:
+
+        def shared() -> bool:
+            """Two pushes and an experience batch on the server (pushes keep the server's pace,
+            so how many steps that takes depends on the machine's speed)."""
+            pushes = sum(r["kind"] == "sync" for r in records)
+            return pushes >= 2 and participants_on_server(server)["alice"].experience_batches > 0
+
+        deadline = time.monotonic() + 60.0
+        while engine.counters.env_steps < 2_000 or (sync_steps and not shared()):
+            assert time.monotonic() < deadline, "the env-step interval never made a sync due"
             loop.after_poll(engine.poll())
-        deadline = time.monotonic() + 10.0
-        while sync_steps and participants_on_server(server)["alice"].experience_batches < 2:
-            assert time.monotonic() < deadline, "no experience batch arrived"
-            time.sleep(0.05)
         alice = participants_on_server(server)["alice"]
         episodes = engine.counters.episodes
 
-    pushes = [r for r in records if r["kind"] == "sync"]
     assert episodes < 100_000
     if sync_steps:
-        assert len(pushes) >= 2 and alice.updates_accepted >= 1
-        assert alice.experience_batches >= 2
+        assert alice.updates_accepted >= 1 and alice.experience_batches >= 1
     else:
-        assert pushes == [] and alice.updates_accepted == 0
-        assert alice.experience_batches == 0
+        assert [r for r in records if r["kind"] == "sync"] == []
+        assert alice.updates_accepted == 0 and alice.experience_batches == 0
 
 
 def test_sync_loop_refuses_an_unknown_target_policy(tmp_path: Path) -> None:
