@@ -1020,7 +1020,7 @@ def score_run(
 
     # One evaluator per run and model, used once per mark in order: mark i of
     # every configuration of this seed is played from the same episode starts.
-    def scorer() -> Scorer:
+    def new_scorer() -> Scorer:
         return Scorer(
             network,
             Evaluator(
@@ -1031,7 +1031,9 @@ def score_run(
             ),
         )
 
-    scorers = [scorer()] if configuration.scores_local_model else [scorer(), scorer()]
+    scorer = new_scorer()
+    # Where p0's own weights are what is scored, their scores are the curve's.
+    own_scorer = None if configuration.scores_local_model else new_scorer()
     created = [v.created_unix_ms for v in versions]
     returns: list[float] = []
     own_returns: list[float] = []
@@ -1054,12 +1056,13 @@ def score_run(
                 weights = _load_checkpoint(run_dir / "server" / versions[newest].checkpoint)
                 scored.append(versions[newest].version)
             seconds.append((when - start_ms) / 1000)
-            returns.append(scorers[0].score(weights).mean)
-            own_returns.append(scorers[-1].score(own).mean if len(scorers) > 1 else returns[-1])
-        initial_return = scorers[0].score(initial).mean
+            returns.append(scorer.score(weights).mean)
+            own_returns.append(returns[-1] if own_scorer is None else own_scorer.score(own).mean)
+        initial_return = scorer.score(initial).mean
     finally:
-        for each in scorers:
-            each.close()
+        scorer.close()
+        if own_scorer is not None:
+            own_scorer.close()
     return Curve(
         returns=returns,
         seconds=seconds,
