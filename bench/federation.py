@@ -1436,6 +1436,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="wire dtype of weight deltas (default: the client's)",
     )
     parser.add_argument(
+        "--envs-per-participant",
+        type=int,
+        default=Settings.envs_per_participant,
+        help=(
+            "envs each participant steps as one batch (default: the engine's); with N times "
+            "the envs and budget, offline is the centralized learner a group of N could match"
+        ),
+    )
+    parser.add_argument(
         "--buffer-size", type=int, help="K, updates per version (default: the server's, K = N)"
     )
     parser.add_argument("--server-lr", type=float, help="default: the server's")
@@ -1471,6 +1480,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         ExchangeConfig(pull_transitions=args.pull_transitions)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+    if args.envs_per_participant < 1:
+        raise SystemExit(f"--envs-per-participant must be at least 1, not {args.envs_per_participant}")
     if learner and "ppo" in args.algo:
         raise SystemExit("--learner changes the DQN learner; drop it or --algo ppo")
     return Settings(
@@ -1479,6 +1490,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         budget_steps=task.budget_steps,
         eval_every=task.eval_every,
         eval_episodes=args.eval_episodes,
+        envs_per_participant=args.envs_per_participant,
         sync_interval=args.sync_interval,
         sync_steps=args.sync_steps,
         delta_dtype=args.delta_dtype,
