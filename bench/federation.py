@@ -20,7 +20,14 @@ and the client's SyncLoop in each participant. The modes:
 - "roles": participant 0 learns with `--share both`; participants 1..N-1
   only act (`--role actor`, TrainingEngine(learn=False)): they play the
   newest global model and push their experience to the learner. At N = 1,
-  a lone learner.
+  a lone learner;
+- "pooled": no server and no federation: one learner alone with N times
+  the envs and N times the budget, scored every N marks' worth of its
+  steps, its steps (and its updates and CPU) divided by N. It holds all the
+  data a group of N collects, with the lone learner's replay ratio, so it is
+  what a group could reach if sharing lost nothing; where it falls short of
+  0.8·N, the algorithm does not turn more data into a solve that much
+  sooner, whatever is shared. N = 1 would be offline and does not run.
 
 Every mode's N = 1 runs, and the offline reference runs in the same
 invocation. The participants use the client's defaults (sync every 2
@@ -162,9 +169,9 @@ from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.server.launcher import ServerProcess
 
-Mode = Literal["offline", "weights", "experience", "both", "roles"]
+Mode = Literal["offline", "weights", "experience", "both", "roles", "pooled"]
 Algorithm = Literal["dqn", "ppo"]
-MODES: tuple[Mode, ...] = ("offline", "weights", "experience", "both", "roles")
+MODES: tuple[Mode, ...] = ("offline", "weights", "experience", "both", "roles", "pooled")
 SHARE: dict[Mode, Share] = {
     "weights": "weights",
     "experience": "experience",
@@ -172,9 +179,11 @@ SHARE: dict[Mode, Share] = {
     "roles": "both",
 }
 """What each federated mode has the client share (SyncLoop's `share`, the client's --share)."""
-LOCAL_MODEL_MODES: tuple[Mode, ...] = ("offline", "experience")
+LOCAL_MODEL_MODES: tuple[Mode, ...] = ("offline", "experience", "pooled")
 """Modes with no global model to score: participant 0's own weights are scored instead."""
-PPO_MODES: tuple[Mode, ...] = ("offline", "weights")
+SERVERLESS_MODES: tuple[Mode, ...] = ("offline", "pooled")
+"""Modes that run no server: their one participant starts from version 0 itself."""
+PPO_MODES: tuple[Mode, ...] = ("offline", "weights", "pooled")
 """PPO learns from its own rollouts: it shares weights only and has no acting-only role."""
 MODE_NAMES: dict[Mode, str] = {
     "offline": "offline (alone, no server)",
@@ -182,6 +191,7 @@ MODE_NAMES: dict[Mode, str] = {
     "experience": "experience (p0's own model)",
     "both": "weights + experience (global model)",
     "roles": "p0 learns, the others act (global model)",
+    "pooled": "pooled: one learner, N x envs and steps",
 }
 SESSION = "default"
 _CLIENT = TrainConfig()
@@ -257,6 +267,16 @@ class Settings:
         """Per-participant env steps at which every run is scored."""
         return list(range(self.eval_every, self.budget_steps + 1, self.eval_every))
 
+    def pooled(self, n: int) -> Settings:
+        """The settings of one learner that collects what n participants would: its marks are
+        those of these settings, times n."""
+        return replace(
+            self,
+            envs_per_participant=self.envs_per_participant * n,
+            budget_steps=self.budget_steps * n,
+            eval_every=self.eval_every * n,
+        )
+
 
 @dataclass(frozen=True)
 class Configuration:
@@ -279,6 +299,17 @@ class Configuration:
     @property
     def scores_local_model(self) -> bool:
         return self.mode in LOCAL_MODEL_MODES
+
+    @property
+    def processes(self) -> int:
+        """Participant processes of a run: N, or one learner for the whole pool."""
+        return 1 if self.mode == "pooled" else self.n
+
+    @property
+    def pooled_over(self) -> int:
+        """Participants whose steps one process takes (N pooled, else 1): its env steps,
+        updates and CPU are divided by this to be per participant."""
+        return self.n if self.mode == "pooled" else 1
 
 
 RECOMMENDED = Configuration(n=1, mode="both")
@@ -401,16 +432,21 @@ class RunResult:
         index = self.reached
         if index is None:
             return None
-        return statistics.fmean(p.mark_cpu[index] for p in self.participants)
+        share = self.configuration.pooled_over
+        return statistics.fmean(p.mark_cpu[index] / share for p in self.participants)
 
     @property
     def updates_per_step(self) -> float:
-        """Gradient updates per own env step, mean over participants (actors count 0)."""
-        return statistics.fmean(p.updates / max(1, p.env_steps) for p in self.participants)
+        """Gradient updates per own env step, mean over participants (actors count 0); a pooled
+        learner's per participant's step."""
+        share = self.configuration.pooled_over
+        return statistics.fmean(p.updates * share / max(1, p.env_steps) for p in self.participants)
 
     @property
     def cpu_seconds(self) -> float:
-        return statistics.fmean(p.cpu_seconds for p in self.participants)
+        """CPU seconds per participant (a pooled learner's, divided among its N)."""
+        share = self.configuration.pooled_over
+        return statistics.fmean(p.cpu_seconds / share for p in self.participants)
 
     @property
     def foreign_received(self) -> int:
@@ -489,7 +525,8 @@ class Summary:
     one_version: int
     """Seeds whose target was reached by one global version scored at two marks."""
     own_cores: bool
-    """N <= cores: each participant had a core of its own, so wall clock compares."""
+    """N <= cores: each participant had a core of its own, so wall clock compares (never for
+    "pooled": one process does N participants' work)."""
     speedup: float | None = None
     """Offline median steps / this median."""
     own_speedup: float | None = None
@@ -533,7 +570,9 @@ def _against(summary: Summary, reference: Summary | None) -> Summary:
 
 
 def _summary(c: Configuration, runs: Sequence[RunResult], cores: int) -> Summary:
-    own_cores = c.n <= cores
+    # A pooled learner is one process doing N participants' work: a bound in steps, not a
+    # contender in wall clock.
+    own_cores = c.n <= cores and c.mode != "pooled"
     return Summary(
         configuration=c,
         seeds=len(runs),
@@ -684,7 +723,9 @@ def run_participant(task: ParticipantTask) -> None:
     # made on another initialisation, and the offline reference starts where
     # the federated runs do (its version 0 made before its own engine, which
     # is then built exactly as federated participant 0's).
-    initial = initial_weights(settings, task.seed, task.algo) if task.mode == "offline" else None
+    initial = (
+        initial_weights(settings, task.seed, task.algo) if task.mode in SERVERLESS_MODES else None
+    )
     engine = TrainingEngine(engine_config, learner, learn=task.learns)
     loop: SyncLoop | None = None
     try:
@@ -926,13 +967,15 @@ def run_configuration(
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     initial = initial_weights(settings, seed, configuration.algo)
-    offline = configuration.mode == "offline"
-    server = None if offline else BenchServer(run_dir / "server", settings)
+    serverless = configuration.mode in SERVERLESS_MODES
+    server = None if serverless else BenchServer(run_dir / "server", settings)
+    # What the processes run by: a pooled learner's budget and marks are N participants'.
+    run_settings = settings.pooled(configuration.n) if configuration.mode == "pooled" else settings
     participants: list[Participant] = []
     try:
         if server is not None:
             seed_session(server.address, initial, settings, configuration.algo)
-        for index in range(configuration.n):
+        for index in range(configuration.processes):
             task = ParticipantTask(
                 index=index,
                 participant_id=f"p{index}",
@@ -941,7 +984,7 @@ def run_configuration(
                 result_path=str(run_dir / f"p{index}.json"),
                 seed=seed,
                 mode=configuration.mode,
-                settings=settings,
+                settings=run_settings,
                 algo=configuration.algo,
                 learns=configuration.mode != "roles" or index == 0,
                 save_local=index == 0,
@@ -965,7 +1008,7 @@ def run_configuration(
     curve = score_run(
         configuration,
         seed,
-        settings,
+        run_settings,
         run_dir=run_dir,
         start_ms=start_ms,
         reports=reports,
@@ -1180,7 +1223,9 @@ def table_lines(summaries: Sequence[Summary], settings: Settings, cores: int) ->
         "gradient updates per own env step and CPU s/p: CPU "
         "seconds, means over participants (actors count 0 updates); CPU→tgt: CPU s/p to the "
         f"target; wall s and wall x (offline's / this) only where N <= {cores} cores, the "
-        "server sharing them; mean: mean score over all marks (area under the curve)."
+        "server sharing them; mean: mean score over all marks (area under the curve); pooled: "
+        "one learner with N times the envs and steps, its figures per participant: the most "
+        "that sharing everything without loss could give."
     )
     checks = [s for s in summaries if s.configuration.n == 1 and s.configuration.mode != "offline"]
     if checks:
@@ -1344,7 +1389,8 @@ def resolve_task(
 def sweep(
     ns: Sequence[int], modes: Sequence[Mode], algos: Sequence[Algorithm]
 ) -> list[Configuration]:
-    """The offline reference first, then every mode at every N, N = 1 always included."""
+    """The offline reference first, then every mode at every N, N = 1 always included (but
+    "pooled", which at N = 1 would be offline again)."""
     counts = sorted({1, *ns})
     configurations = []
     for algo in algos:
@@ -1352,7 +1398,9 @@ def sweep(
         for mode in modes:
             if mode == "offline" or (algo == "ppo" and mode not in PPO_MODES):
                 continue
-            configurations.extend(Configuration(n, mode, algo) for n in counts)
+            configurations.extend(
+                Configuration(n, mode, algo) for n in counts if n > 1 or mode != "pooled"
+            )
     return configurations
 
 
@@ -1383,7 +1431,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         nargs="+",
         choices=("dqn", "ppo"),
         default=["dqn"],
-        help=f"the clients' algorithms (PPO runs only {' and '.join(PPO_MODES)})",
+        help=f"the clients' algorithms (PPO runs only {', '.join(PPO_MODES)})",
     )
     parser.add_argument("--env", help="Gymnasium env id instead of the task's (needs --target)")
     parser.add_argument("--target", type=float, help="solved threshold (default: the task's)")
@@ -1481,7 +1529,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     if args.envs_per_participant < 1:
-        raise SystemExit(f"--envs-per-participant must be at least 1, not {args.envs_per_participant}")
+        raise SystemExit(
+            f"--envs-per-participant must be at least 1, not {args.envs_per_participant}"
+        )
     if learner and "ppo" in args.algo:
         raise SystemExit("--learner changes the DQN learner; drop it or --algo ppo")
     return Settings(

@@ -249,7 +249,63 @@ def test_the_sweep_always_runs_the_offline_reference_and_every_mode_at_one(
 def test_ppo_runs_only_the_modes_it_supports(bench: ModuleType) -> None:
     keys = [c.key for c in bench.sweep([2], list(bench.MODES), ["ppo"])]
 
-    assert keys == ["ppo offline N=1", "ppo weights N=1", "ppo weights N=2"]
+    assert keys == ["ppo offline N=1", "ppo weights N=1", "ppo weights N=2", "ppo pooled N=2"]
+
+
+def test_pooled_runs_only_for_groups_since_at_one_it_is_offline(bench: ModuleType) -> None:
+    keys = [c.key for c in bench.sweep([2, 4], ["pooled"], ["dqn"])]
+
+    assert keys == ["dqn offline N=1", "dqn pooled N=2", "dqn pooled N=4"]
+
+
+def test_a_pooled_learner_takes_n_participants_envs_budget_and_marks(bench: ModuleType) -> None:
+    settings = bench.Settings(budget_steps=1_000, eval_every=250)
+
+    pooled = settings.pooled(4)
+
+    assert (pooled.envs_per_participant, pooled.budget_steps, pooled.eval_every) == (
+        4 * settings.envs_per_participant,
+        4_000,
+        1_000,
+    )
+    assert pooled.marks == [4 * mark for mark in settings.marks]
+    assert bench.Configuration(4, "pooled").processes == 1
+    assert bench.Configuration(4, "both").processes == 4
+
+
+def test_a_pooled_learners_updates_and_cpu_count_per_participant(bench: ModuleType) -> None:
+    # prepare: one process took 4 x 600 steps with 1,200 updates and 8 CPU seconds,
+    # reaching the target at the fourth of six marks (4 CPU s by then).
+    result = run(bench, "pooled", 4, 0, [0.0, 0.0, 0.0, 480.0, 490.0, 0.0], cpu=(8.0,) * 4)
+    pooled = dataclasses.replace(
+        result,
+        participants=[dataclasses.replace(result.participants[0], env_steps=2_400, updates=1_200)],
+    )
+
+    # act
+    summary = bench.summarise([pooled], cores=4)[0]
+
+    # assert
+    assert pooled.steps_to_target == 400
+    assert pooled.updates_per_step == 2.0
+    assert pooled.cpu_seconds == 2.0
+    assert pooled.cpu_to_target == 1.0
+    assert not summary.own_cores
+
+
+def test_a_pooled_run_trains_one_learner_on_n_times_the_steps(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    settings = bench.Settings(budget_steps=400, eval_every=200, eval_episodes=2)
+
+    result = bench.run_configuration(bench.Configuration(2, "pooled"), 0, settings, tmp_path)
+
+    (learner,) = result.participants
+    assert learner.env_steps >= 800
+    assert result.marks == [200, 400]
+    assert len(result.returns) == len(result.own_returns) == 2
+    assert result.returns == result.own_returns
+    assert result.versions == [-1, -1]
 
 
 def test_tasks_come_with_their_target_budget_and_marks(bench: ModuleType) -> None:
@@ -368,3 +424,13 @@ def test_a_paced_actor_waits_until_the_learner_has_taken_as_many_env_steps(
     pace.post(300)
     assert released[1].wait(5.0)
     thread.join(5.0)
+
+
+def test_envs_per_participant_reach_the_settings_and_fewer_than_one_stop_the_bench(
+    bench: ModuleType,
+) -> None:
+    settings = bench.settings_from(bench.parse_args(["--envs-per-participant", "64"]))
+
+    assert settings.envs_per_participant == 64
+    with pytest.raises(SystemExit, match="--envs-per-participant must be at least 1"):
+        bench.settings_from(bench.parse_args(["--envs-per-participant", "0"]))
