@@ -23,8 +23,9 @@ and the client's SyncLoop in each participant. The modes:
   a lone learner;
 - "pooled": no server and no federation: one learner alone with N times
   the envs and N times the budget, scored every N marks' worth of its
-  steps, its steps (and its updates and CPU) divided by N. It holds all the
-  data a group of N collects, with the lone learner's replay ratio, so it is
+  steps, its steps (and its updates and CPU) divided by N, its target
+  period the one a member of N gets. It holds all the data a group of N
+  collects, with the lone learner's replay ratio, so it is
   what a group could reach if sharing lost nothing; where it falls short of
   0.8·N, the algorithm does not turn more data into a solve that much
   sooner, whatever is shared. N = 1 would be offline and does not run.
@@ -261,6 +262,8 @@ class Settings:
     """Server learning rate; None: the server's default."""
     learner: tuple[tuple[str, str], ...] = ()
     """DQN LearnerConfig fields changed from the defaults, as (name, value) text (--learner)."""
+    pooled_over: int = 1
+    """Participants whose envs and steps one learner takes ("pooled"); 1 for everyone else."""
 
     @property
     def marks(self) -> list[int]:
@@ -275,6 +278,7 @@ class Settings:
             envs_per_participant=self.envs_per_participant * n,
             budget_steps=self.budget_steps * n,
             eval_every=self.eval_every * n,
+            pooled_over=n,
         )
 
 
@@ -611,10 +615,23 @@ def engine_configs(
 
 
 def learner_config(settings: Settings, algo: Algorithm) -> LearnerConfig | PPOConfig:
-    """The learner's defaults on the CPU, as --learner changes them; PPO's are its own."""
+    """The learner's defaults on the CPU, as --learner changes them; PPO's are its own.
+
+    A pooled DQN learner gets the target period a member of its N gets: a member
+    takes in N participants' transitions per own env step and its learner
+    lengthens the period by that multiple to the data exponent; the pooled
+    learner's multiple is 1 (all its data is its own), so without this it would
+    keep a lone learner's period while making N times the updates per mark.
+    """
     if algo == "ppo":
         return PPOConfig(device="cpu")
-    return learner_overrides(LearnerConfig(hidden=settings.hidden, device="cpu"), settings.learner)
+    learner = learner_overrides(
+        LearnerConfig(hidden=settings.hidden, device="cpu"), settings.learner
+    )
+    scale = settings.pooled_over**learner.target_period_data_exponent
+    return replace(
+        learner, target_update_interval=max(1, round(learner.target_update_interval * scale))
+    )
 
 
 def learner_overrides(base: LearnerConfig, changes: Sequence[tuple[str, str]]) -> LearnerConfig:
@@ -1224,7 +1241,8 @@ def table_lines(summaries: Sequence[Summary], settings: Settings, cores: int) ->
         "seconds, means over participants (actors count 0 updates); CPU→tgt: CPU s/p to the "
         f"target; wall s and wall x (offline's / this) only where N <= {cores} cores, the "
         "server sharing them; mean: mean score over all marks (area under the curve); pooled: "
-        "one learner with N times the envs and steps, its figures per participant: the most "
+        "one learner with N times the envs and steps and a member's target period, its "
+        "figures per participant: the most "
         "that sharing everything without loss could give."
     )
     checks = [s for s in summaries if s.configuration.n == 1 and s.configuration.mode != "offline"]

@@ -273,6 +273,21 @@ def test_a_pooled_learner_takes_n_participants_envs_budget_and_marks(bench: Modu
     assert bench.Configuration(4, "both").processes == 4
 
 
+def test_a_pooled_learner_gets_the_target_period_of_a_member_of_its_group(
+    bench: ModuleType,
+) -> None:
+    lone = bench.Settings()
+    fixed = bench.Settings(learner=(("target_period_data_exponent", "0"),))
+
+    def period(settings: Any) -> int:
+        return int(bench.learner_config(settings, "dqn").target_update_interval)
+
+    assert period(lone) == bench.LearnerConfig().target_update_interval == 500
+    assert period(lone.pooled(4)) == 1_000
+    assert period(lone.pooled(2)) == 707
+    assert period(fixed.pooled(4)) == 500
+
+
 def test_a_pooled_learners_updates_and_cpu_count_per_participant(bench: ModuleType) -> None:
     # prepare: one process took 4 x 600 steps with 1,200 updates and 8 CPU seconds,
     # reaching the target at the fourth of six marks (4 CPU s by then).
