@@ -25,13 +25,14 @@ and the client's SyncLoop in each participant. The modes:
   the envs and N times the budget, scored every N marks' worth of its
   steps, its steps (and its updates and CPU) divided by N, its target
   period the one a member of N gets. It holds all the data a group of N
-  collects, with the lone learner's replay ratio, so it is
-  what a group could reach if sharing lost nothing; where it falls short of
-  0.8·N, the algorithm does not turn more data into a solve that much
-  sooner, whatever is shared. N = 1 would be offline and does not run.
+  collects, all of it from its own current policy, with the lone
+  learner's replay ratio: what a group could reach if sharing lost
+  nothing. Where it falls short of 0.8·N, the algorithm does not turn more
+  data into a solve that much sooner, whatever is shared. At N = 1 it
+  would be offline, and does not run.
 
-Every mode's N = 1 runs, and the offline reference runs in the same
-invocation. The participants use the client's defaults (sync every 2
+Every mode's N = 1 runs (but pooled's), and the offline reference runs in
+the same invocation. The participants use the client's defaults (sync every 2
 episodes, bfloat16 deltas, the target network shifted at adoption, foreign
 credit 1: each received transition earns a local step's replay-ratio
 credit) and the learner's (the target period lengthened by the square root
@@ -1242,8 +1243,7 @@ def table_lines(summaries: Sequence[Summary], settings: Settings, cores: int) ->
         f"target; wall s and wall x (offline's / this) only where N <= {cores} cores, the "
         "server sharing them; mean: mean score over all marks (area under the curve); pooled: "
         "one learner with N times the envs and steps and a member's target period, its "
-        "figures per participant: the most "
-        "that sharing everything without loss could give."
+        "figures per participant: the most that sharing everything without loss could give."
     )
     checks = [s for s in summaries if s.configuration.n == 1 and s.configuration.mode != "offline"]
     if checks:
@@ -1506,8 +1506,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=int,
         default=Settings.envs_per_participant,
         help=(
-            "envs each participant steps as one batch (default: the engine's); with N times "
-            "the envs and budget, offline is the centralized learner a group of N could match"
+            "envs each participant steps as one batch (default: the engine's; a pooled "
+            "learner steps N times as many)"
         ),
     )
     parser.add_argument(
