@@ -987,8 +987,9 @@ def run_configuration(
     initial = initial_weights(settings, seed, configuration.algo)
     serverless = configuration.mode in SERVERLESS_MODES
     server = None if serverless else BenchServer(run_dir / "server", settings)
-    # What the processes run by: a pooled learner's budget and marks are N participants'.
-    run_settings = settings.pooled(configuration.n) if configuration.mode == "pooled" else settings
+    # What the processes run by: a pooled learner's budget and marks are N participants'
+    # (pooled over 1, everyone else's settings are the invocation's).
+    run_settings = settings.pooled(configuration.pooled_over)
     participants: list[Participant] = []
     try:
         if server is not None:
