@@ -111,6 +111,20 @@ at least as many env steps as it has, so every participant takes its steps
 at the same rate, as in the modes where each one trains. Their CPU seconds
 then include no waiting (it sleeps); their wall clock does.
 
+`--even-pace` does the same for every participant of every mode: before
+each round (128 env steps) a participant waits until all the others have
+taken at least as many env steps. Without it the OS schedules the
+participants: four learners and the server on two cores drift apart by up
+to a third of a run (CartPole N = 4, 12,000 steps each: 15-25 s of ~60 s
+between the first and the last to reach a mark), so a member that runs
+ahead trains on less of the others' data per own step than one with a
+machine of its own would. With it, a group runs as N machines of one
+speed would, whatever this machine's cores. Measured (CartPole, seeds
+0-9, the defaults): pairs did worse with it (4 of 10 on their own model,
+5 of 10 on the global one), fours no better (the global model 10 of 10 at
+5,625 steps each, 1.67×; their own 7 of 10 at 7,375, 1.27×), so the
+drift is not what a group loses; it stays an option, not the default.
+
 Findings. The figures measured with this bench, and what they show, are in
 the README's table of what a group of N should expect.
 
@@ -265,6 +279,9 @@ class Settings:
     """DQN LearnerConfig fields changed from the defaults, as (name, value) text (--learner)."""
     pooled_over: int = 1
     """Participants whose envs and steps one learner takes ("pooled"); 1 for everyone else."""
+    even_pace: bool = False
+    """Every participant waits before each round until all the others have taken as many env
+    steps: as if each had a machine of its own, all of one speed (`--even-pace`)."""
 
     @property
     def marks(self) -> list[int]:
@@ -340,9 +357,12 @@ class ParticipantTask:
     """False: an actor of mode "roles" (TrainingEngine(learn=False))."""
     save_local: bool = False
     """Write the local weights at every mark (participant 0 where no global model is scored)."""
-    pace_path: str = ""
-    """Mode "roles": the file where the learner posts its env steps; actors never step past
-    them, so every participant moves at the learner's pace ("" for everyone else)."""
+    pace_post: str = ""
+    """The file where this participant posts its env steps for others to keep pace with ("":
+    nobody follows it)."""
+    pace_follow: tuple[str, ...] = ()
+    """The files of the participants it never steps past: in "roles" an actor follows the
+    learner; with `even_pace` every participant follows all the others."""
 
 
 @dataclass(frozen=True)
@@ -699,13 +719,14 @@ def die_with_parent() -> None:
 
 
 class StepPace:
-    """The learner's env steps in a file, so that actors of mode "roles" keep its pace.
+    """One participant's env steps in a file, so that others keep its pace.
 
     Ape-X's actors play in real time while its learner trains; here an actor
     that trains nothing would play its whole budget in a second while the
     learner is still warming up, and per-participant env steps would say
     nothing about roles. Paced, every participant takes its steps at the
-    learner's rate, as in the other modes, where each one trains.
+    learner's rate, as in the other modes, where each one trains. With
+    `even_pace` every participant keeps everyone's (paced_by).
     """
 
     def __init__(self, path: Path) -> None:
@@ -713,12 +734,12 @@ class StepPace:
         self._scratch = path.with_suffix(".tmp")
 
     def post(self, env_steps: int) -> None:
-        """The learner's side: its env steps so far (replaced atomically)."""
+        """The followed participant's side: its env steps so far (replaced atomically)."""
         self._scratch.write_text(str(env_steps), encoding="utf-8")
         os.replace(self._scratch, self._path)
 
     def wait_until_behind(self, env_steps: int, *, poll_s: float = 0.002) -> None:
-        """An actor's side: return once the learner has taken at least `env_steps`."""
+        """A follower's side: return once the followed one has taken at least `env_steps`."""
         while True:
             try:
                 posted = int(self._path.read_text(encoding="utf-8"))
@@ -727,6 +748,15 @@ class StepPace:
             if posted >= env_steps:
                 return
             time.sleep(poll_s)
+
+
+def paced_by(configuration: Configuration, settings: Settings, index: int) -> list[int]:
+    """The participants whose env steps participant `index` never runs ahead of."""
+    if configuration.mode == "roles" and index > 0:
+        return [0]
+    if settings.even_pace:
+        return [other for other in range(configuration.processes) if other != index]
+    return []
 
 
 def run_participant(task: ParticipantTask) -> None:
@@ -763,13 +793,13 @@ def run_participant(task: ParticipantTask) -> None:
         mark_cpu: list[float] = []
         marks = iter(settings.marks)
         next_mark = next(marks, None)
-        pace = StepPace(Path(task.pace_path)) if task.pace_path else None
+        posted = StepPace(Path(task.pace_post)) if task.pace_post else None
+        followed = [StepPace(Path(path)) for path in task.pace_follow]
         while engine.counters.env_steps < settings.budget_steps:
-            if pace is not None:
-                if task.learns:
-                    pace.post(engine.counters.env_steps)
-                else:
-                    pace.wait_until_behind(engine.counters.env_steps)
+            if posted is not None:
+                posted.post(engine.counters.env_steps)
+            for pace in followed:
+                pace.wait_until_behind(engine.counters.env_steps)
             result = engine.poll()
             if loop is not None:
                 loop.after_poll(result)
@@ -779,8 +809,8 @@ def run_participant(task: ParticipantTask) -> None:
                 if task.save_local:
                     _save_weights(state_dir / "local" / f"{next_mark}.npz", engine.weights())
                 next_mark = next(marks, None)
-        if pace is not None and task.learns:
-            pace.post(engine.counters.env_steps)
+        if posted is not None:
+            posted.post(engine.counters.env_steps)
         if loop is not None:
             loop.finish(flush_timeout_s=60.0)
         spent = cpu_seconds() - cpu_at_go
@@ -991,6 +1021,7 @@ def run_configuration(
     # (pooled over 1, everyone else's settings are the invocation's).
     run_settings = settings.pooled(configuration.pooled_over)
     participants: list[Participant] = []
+    pace_files = [str(run_dir / f"p{index}.steps") for index in range(configuration.processes)]
     try:
         if server is not None:
             seed_session(server.address, initial, settings, configuration.algo)
@@ -1007,7 +1038,10 @@ def run_configuration(
                 algo=configuration.algo,
                 learns=configuration.mode != "roles" or index == 0,
                 save_local=index == 0,
-                pace_path=str(run_dir / "learner_steps") if configuration.mode == "roles" else "",
+                pace_post=pace_files[index],
+                pace_follow=tuple(
+                    pace_files[other] for other in paced_by(configuration, settings, index)
+                ),
             )
             participants.append(Participant(task, run_dir / f"p{index}.log"))
         for participant in participants:
@@ -1516,6 +1550,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--server-lr", type=float, help="default: the server's")
     parser.add_argument(
+        "--even-pace",
+        action="store_true",
+        help="no participant steps past another: each as if on a machine of its own, all of "
+        "one speed (default: as the OS schedules them)",
+    )
+    parser.add_argument(
         "--learner",
         nargs="+",
         default=[],
@@ -1569,6 +1609,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         buffer_size=args.buffer_size,
         server_lr=args.server_lr,
         learner=learner,
+        even_pace=args.even_pace,
     )
 
 
@@ -1589,7 +1630,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         die_with_parent()
         logging.basicConfig(level=logging.WARNING)
         raw = json.loads(args.participant)
-        run_participant(ParticipantTask(**{**raw, "settings": settings_from_json(raw["settings"])}))
+        run_participant(
+            ParticipantTask(
+                **{
+                    **raw,
+                    "settings": settings_from_json(raw["settings"]),
+                    "pace_follow": tuple(raw["pace_follow"]),
+                }
+            )
+        )
         return
     settings = settings_from(args)
     # Scoring plays batches of a few rows: one thread does them 7x faster than

@@ -441,6 +441,21 @@ def test_a_paced_actor_waits_until_the_learner_has_taken_as_many_env_steps(
     thread.join(5.0)
 
 
+def test_roles_actors_follow_the_learner_and_even_pace_has_everyone_follow_the_rest(
+    bench: ModuleType,
+) -> None:
+    free = bench.settings_from(bench.parse_args([]))
+    even = bench.settings_from(bench.parse_args(["--even-pace"]))
+    both = bench.Configuration(n=3, mode="both")
+    roles = bench.Configuration(n=3, mode="roles")
+
+    assert not free.even_pace and even.even_pace
+    assert [bench.paced_by(both, free, index) for index in range(3)] == [[], [], []]
+    assert [bench.paced_by(roles, free, index) for index in range(3)] == [[], [0], [0]]
+    assert [bench.paced_by(both, even, index) for index in range(3)] == [[1, 2], [0, 2], [0, 1]]
+    assert bench.paced_by(bench.Configuration(n=2, mode="pooled"), even, 0) == []
+
+
 def test_envs_per_participant_reach_the_settings_and_fewer_than_one_stop_the_bench(
     bench: ModuleType,
 ) -> None:
