@@ -26,10 +26,12 @@ and the client's SyncLoop in each participant. The modes:
   steps, its steps (and its updates and CPU) divided by N, its target
   period the one a member of N gets. It holds all the data a group of N
   collects, all of it from its own current policy, with the lone
-  learner's replay ratio: what a group could reach if sharing lost
-  nothing. Where it falls short of 0.8·N, the algorithm does not turn more
-  data into a solve that much sooner, whatever is shared. At N = 1 it
-  would be offline, and does not run.
+  learner's replay ratio: what a group could reach by sharing data
+  without loss, one learner's updates doing the learning. It is not a
+  bound on sharing weights too: N learners averaged every round make N
+  learners' updates (CartPole's fours did 5.4× in the lock-step
+  simulation, pooled 3.0×; README). At N = 1 it would be offline, and
+  does not run.
 
 Every mode's N = 1 runs (but pooled's), and the offline reference runs in
 the same invocation. The participants use the client's defaults (sync every 2
