@@ -1024,6 +1024,9 @@ def run_configuration(
     run_settings = settings.pooled(configuration.pooled_over)
     participants: list[Participant] = []
     pace_files = [str(run_dir / f"p{index}.steps") for index in range(configuration.processes)]
+    follows = [paced_by(configuration, settings, index) for index in range(configuration.processes)]
+    # Only a participant someone follows writes its steps: the others skip a file write a round.
+    followed = {other for others in follows for other in others}
     try:
         if server is not None:
             seed_session(server.address, initial, settings, configuration.algo)
@@ -1040,10 +1043,8 @@ def run_configuration(
                 algo=configuration.algo,
                 learns=configuration.mode != "roles" or index == 0,
                 save_local=index == 0,
-                pace_post=pace_files[index],
-                pace_follow=tuple(
-                    pace_files[other] for other in paced_by(configuration, settings, index)
-                ),
+                pace_post=pace_files[index] if index in followed else "",
+                pace_follow=tuple(pace_files[other] for other in follows[index]),
             )
             participants.append(Participant(task, run_dir / f"p{index}.log"))
         for participant in participants:
@@ -1280,7 +1281,8 @@ def table_lines(summaries: Sequence[Summary], settings: Settings, cores: int) ->
         f"target; wall s and wall x (offline's / this) only where N <= {cores} cores, the "
         "server sharing them; mean: mean score over all marks (area under the curve); pooled: "
         "one learner with N times the envs and steps and a member's target period, its "
-        "figures per participant: the most that sharing everything without loss could give."
+        "figures per participant: the most that sharing data without loss could give one "
+        "learner's updates."
     )
     checks = [s for s in summaries if s.configuration.n == 1 and s.configuration.mode != "offline"]
     if checks:
