@@ -175,7 +175,7 @@ from fedrl.client.commands.config import TrainConfig
 from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.federation.federation_client import FederationClient
 from fedrl.client.federation.model_spec import model_spec
-from fedrl.client.federation.sync_loop import Share, SyncLoop
+from fedrl.client.federation.sync_loop import Share, SyncLoop, check_rounds
 from fedrl.client.training.engine import EngineConfig, TrainingEngine, available_cores
 from fedrl.client.training.evaluation import Evaluator, Scorer
 from fedrl.client.training.learner import TARGET_AT_ADOPTION, LearnerConfig, TargetAtAdoption
@@ -265,6 +265,9 @@ class Settings:
     """Local episodes between syncs (the client's default)."""
     sync_steps: int = _CLIENT.sync_steps
     """Env steps between syncs if they come first (the client's default; 0: episodes only)."""
+    round_wait_s: float = _CLIENT.round_wait_s
+    """Synchronous rounds of `sync_steps` when > 0, each waiting at most this long for its
+    version (the client's default: 0, asynchronous); modes that share no weights ignore it."""
     delta_dtype: str = _CLIENT.delta_dtype
     """Wire dtype of weight deltas (the client's default)."""
     target_at_adoption: TargetAtAdoption = _CLIENT.target_at_adoption
@@ -852,6 +855,7 @@ def _sync_loop(task: ParticipantTask, engine: TrainingEngine, state_dir: Path) -
             foreign_credit=settings.foreign_credit, pull_transitions=settings.pull_transitions
         ),
         target_at_adoption=settings.target_at_adoption,
+        round_wait_s=0.0 if SHARE[task.mode] == "experience" else settings.round_wait_s,
     )
 
 
@@ -1517,6 +1521,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="env steps between syncs if they come first (default: the client's; 0: episodes only)",
     )
     parser.add_argument(
+        "--round-wait-s",
+        type=float,
+        default=defaults.round_wait_s,
+        help="synchronous rounds of --sync-steps env steps, each waiting at most this long for "
+        "the version holding its push (default: the client's, 0: asynchronous)",
+    )
+    parser.add_argument(
         "--foreign-credit",
         type=float,
         default=defaults.foreign_credit,
@@ -1597,6 +1608,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         )
     if learner and "ppo" in args.algo:
         raise SystemExit("--learner changes the DQN learner; drop it or --algo ppo")
+    check_rounds(
+        args.round_wait_s, sync_steps=args.sync_steps, share="both", on_policy=args.algo == "ppo"
+    )
     return Settings(
         env=task.env,
         target=task.target,
@@ -1606,6 +1620,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         envs_per_participant=args.envs_per_participant,
         sync_interval=args.sync_interval,
         sync_steps=args.sync_steps,
+        round_wait_s=args.round_wait_s,
         delta_dtype=args.delta_dtype,
         target_at_adoption=args.target_at_adoption,
         foreign_credit=args.foreign_credit,

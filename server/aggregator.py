@@ -89,6 +89,13 @@ class _Stop:
     """Queued by close(): fold the buffer, then end the task."""
 
 
+@dataclass(frozen=True)
+class _Leave:
+    """Queued by forget(): a participant left, so an automatic K stops waiting for it."""
+
+    participant_id: str
+
+
 class Aggregator:
     """Owns one session's global model; see the module docstring for the commit order."""
 
@@ -129,7 +136,7 @@ class Aggregator:
         self._head = snapshot
         """The newest computed version: the committed one, or the one being committed."""
         self._best_version = best_version
-        self._queue: asyncio.Queue[LoggedUpdate | _Seed | _Stop] = asyncio.Queue()
+        self._queue: asyncio.Queue[LoggedUpdate | _Seed | _Stop | _Leave] = asyncio.Queue()
         self._buffer: list[LoggedUpdate] = []
         self._last_push: dict[str, float] = {}
         """When each participant's newest update reached the buffer (for an automatic K)."""
@@ -190,6 +197,16 @@ class Aggregator:
         """Queue an update that is already durable and acknowledged."""
         self._queue.put_nowait(update)
 
+    def forget(self, participant_id: str) -> None:
+        """A participant left the session: an automatic K no longer counts it.
+
+        Without this, a member that leaves cleanly would hold each version
+        back for the buffer timeout until its last push ages out of the
+        active window, and members syncing in rounds would wait that long
+        every round.
+        """
+        self._queue.put_nowait(_Leave(participant_id))
+
     async def seed(self, participant_id: str, tensors: NamedTensors) -> int:
         """Make version 0; AlreadySeededError if a version exists."""
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -224,6 +241,10 @@ class Aggregator:
                 return
             elif isinstance(item, _Seed):
                 await self._seed(item)
+            elif isinstance(item, _Leave):
+                self._last_push.pop(item.participant_id, None)
+                if self._buffer and len(self._buffer) >= self._buffer_target():
+                    await self._flush_guarded()
             else:
                 await self._add(item)
                 if len(self._buffer) >= self._buffer_target():
@@ -270,7 +291,7 @@ class Aggregator:
                 delta, _norm = clip_by_norm(delta, self._settings.clip_norm)
             accumulation.add(update.participant_id, delta, update.weight)
 
-    async def _next_item(self) -> LoggedUpdate | _Seed | _Stop | None:
+    async def _next_item(self) -> LoggedUpdate | _Seed | _Stop | _Leave | None:
         """The next command, or None when the buffer's timeout has come."""
         if not self._buffer:
             return await self._queue.get()

@@ -348,6 +348,7 @@ class Federation:
         now = now_ms()
         await self._db(lambda db: db.touch_participant(session.name, pid, "left", now))
         session.active.discard(pid)
+        session.aggregator.forget(pid)
         session.notify()
         self._global_state_changed()
 

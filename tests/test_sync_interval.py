@@ -20,7 +20,7 @@ from fedrl.client.federation.sync_interval import SyncInterval
 def test_whichever_comes_first_makes_a_sync_due(
     interval: SyncInterval, episodes: int, env_steps: int, due: bool
 ) -> None:
-    assert interval.due(episodes=episodes, env_steps=env_steps) is due
+    assert interval.due(episodes=episodes, env_steps=env_steps, total_env_steps=env_steps) is due
 
 
 @pytest.mark.parametrize(
@@ -31,3 +31,22 @@ def test_an_interval_that_could_never_or_always_fire_is_refused(
 ) -> None:
     with pytest.raises(ValueError, match=named):
         SyncInterval(episodes=episodes, env_steps=env_steps)
+
+
+@pytest.mark.parametrize(
+    ("pushed_at", "now", "due"),
+    [
+        (0, 112, False),
+        (0, 128, True),
+        (120, 240, True),  # 120 steps since the push, yet a multiple of 128 was passed
+        (128, 250, False),
+        (250, 355, True),
+        (256, 256, False),  # nothing since the push
+        (0, 1000, True),  # several rounds at once are one sync
+    ],
+)
+def test_steps_only_syncs_fall_due_at_each_multiple_of_the_count(
+    pushed_at: int, now: int, due: bool
+) -> None:
+    interval = SyncInterval(episodes=0, env_steps=128)
+    assert interval.due(episodes=50, env_steps=now - pushed_at, total_env_steps=now) is due

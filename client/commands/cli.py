@@ -222,6 +222,7 @@ def train_federated(config: TrainConfig, ranks: RankGroup | None = None) -> Coun
             delta_dtype=config.delta_dtype,
             exchange=config.exchange,
             target_at_adoption=config.target_at_adoption,
+            round_wait_s=config.round_wait_s,
             on_record=lambda record: state.append_metrics([record]),
         )
         run.closes_first(sync)

@@ -205,6 +205,10 @@ class ExperienceSync:
         self._cursor = cursor.load()
         self._lock = threading.Lock()
         self._pulled: Pulled | None = None
+        self._pulls_started = 0
+        self._last_pull_done = 0
+        """Which pull (by start count, under _lock) finished last: a fresh one started after a
+        request."""
         self._enabled = True
         self._link: ServerLink | None = None
         self._outbox: Outbox | None = None
@@ -313,6 +317,26 @@ class ExperienceSync:
             timeout_s=timeout_s,
         )
 
+    def pull_fresh(self, timeout_s: float) -> bool:
+        """Send what is queued, pull what the others pushed until now, and wait for both
+        (after attach; the pull waits for adopt()); False if time ran out.
+
+        A synchronous round calls it once the round's version is in: the
+        others flushed their experience before pushing the updates that
+        version holds, so the pull takes in all of the round's transitions.
+        """
+        link, _ = self._require_attached()
+        if not (self._enabled and self._pulls):
+            return True
+        with self._lock:
+            requested_after = self._pulls_started
+
+        def pulled() -> bool:
+            with self._lock:
+                return self._last_pull_done > requested_after or not self._enabled
+
+        return link.wait_until(pulled, wake=self.send_soon, timeout_s=timeout_s)
+
     # Network thread.
 
     async def exchange(self, client: ExperienceClient, outbox: Outbox) -> None:
@@ -330,6 +354,9 @@ class ExperienceSync:
             if waiting or not self._pulls:
                 return
             previous = self._cursor
+            with self._lock:
+                self._pulls_started += 1
+                this_pull = self._pulls_started
             pulled = await client.pull(previous, self._config.pull_transitions)
         except RejectedError as exc:
             if exc.code != grpc.StatusCode.UNIMPLEMENTED:
@@ -338,10 +365,11 @@ class ExperienceSync:
             self._enabled = False
             return
         self._cursor = pulled.next_cursor
-        # A moved cursor with no batches (only our own were new) is still worth keeping.
-        if pulled.batches or pulled.next_cursor != previous:
-            with self._lock:
+        with self._lock:
+            # A moved cursor with no batches (only our own were new) is still worth keeping.
+            if pulled.batches or pulled.next_cursor != previous:
                 self._pulled = pulled
+            self._last_pull_done = this_pull
 
     async def _joined(self, client: FederationClient, reply: fpb.JoinReply) -> None:
         _, outbox = self._require_attached()

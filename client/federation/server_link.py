@@ -121,6 +121,8 @@ class ServerLink:
         # Network thread only.
         self._member = asyncio.Event()
         self._join_lock = asyncio.Lock()
+        self._waiters: set[asyncio.Event] = set()
+        """One per wait_until under way: set whenever a task finished its work or a notice came."""
         # Shared with the main thread, under _lock.
         self._lock = threading.Lock()
         self._view = ServerView()
@@ -196,9 +198,22 @@ class ServerLink:
         """
 
         async def wait() -> None:
-            while not settled() and self.fatal is None:
+            # Asked again after each finished task or notice rather than on a
+            # clock, so a synchronous round waits milliseconds, not a polling
+            # period. The task is woken again only when 0.1 s pass quietly:
+            # waking it after each of its own no-op runs would spin the loop.
+            progressed = asyncio.Event()
+            self._waiters.add(progressed)
+            try:
                 wake()
-                await asyncio.sleep(0.1)
+                while not settled() and self.fatal is None:
+                    progressed.clear()
+                    try:
+                        await asyncio.wait_for(progressed.wait(), 0.1)
+                    except TimeoutError:
+                        wake()
+            finally:
+                self._waiters.discard(progressed)
 
         try:
             self.call(asyncio.wait_for(wait(), timeout_s), timeout_s + 5)
@@ -329,6 +344,11 @@ class ServerLink:
         for task in self._tasks:
             if task.on_notice:
                 task.wake.set()
+        self._progressed()
+
+    def _progressed(self) -> None:
+        for waiter in self._waiters:
+            waiter.set()
 
     async def _run(self, task: _Task) -> None:
         """Run one part's work whenever it is woken while a member; back off through outages."""
@@ -354,8 +374,10 @@ class ServerLink:
                 continue
             except Exception as exc:
                 self._stop(task.what, exc)
+                self._progressed()
                 return
             backoff.succeeded()
+            self._progressed()
             await task.wake.wait()
 
     def _stop(self, what: str, exc: Exception) -> None:

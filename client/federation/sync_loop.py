@@ -26,6 +26,24 @@ count plus this participant's unpushed episodes reach it): the current
 round finishes, `finish` pushes and queues what is left and flushes the
 outbox (bounded wait), and the caller saves.
 
+Synchronous rounds (`round_wait_s` > 0). Asynchronously a member adopts
+a version at its next sync after the version formed, so its model meets
+the others' only every few syncs, and late: on CartPole's fours that kept
+the group at 1.5-1.8x a lone learner's speed, where averaging every round
+gave 5.4x in a lock-step simulation of the same engines
+(bench/federation_sim.py, README "Where the fours lose it"). In rounds,
+every member syncs every `sync_steps` env steps and episodes do not
+trigger syncs, so all push at the same steps; after queueing its
+experience and seeing it acknowledged, a member pushes its update and
+waits, bounded by `round_wait_s`, for the version that holds it (with the
+server's automatic K: one update from every active member), adopts it,
+then pulls the experience the others flushed before their pushes. Every
+member then starts each round from the same average with the whole
+round's data, as in the simulation. Each round waits for the slowest
+member; one that left stops counting at once (the server drops it from K
+on leave), one that crashed after the server's buffer timeout, and
+nothing waits while the server is unreachable.
+
 Exploration needs no global schedule: actors use fixed Ape-X rates
 (fedrl.client.training.exploration), not a decay from ε = 1, so a
 participant who joins a session late explores like everyone else from its
@@ -79,6 +97,24 @@ def shares_experience(share: Share) -> bool:
     return share != "weights"
 
 
+def check_rounds(round_wait_s: float, *, sync_steps: int, share: Share, on_policy: bool) -> None:
+    """Refuse synchronous rounds that could not form: ValueError saying why."""
+    if not (round_wait_s >= 0 and math.isfinite(round_wait_s)):
+        raise ValueError(f"round wait must be a finite number of seconds >= 0, got {round_wait_s}")
+    if round_wait_s == 0:
+        return
+    if share == "experience":
+        raise ValueError(
+            "synchronous rounds wait for the global version holding each push: they need "
+            "--share weights or both"
+        )
+    if not on_policy and sync_steps <= 0:
+        raise ValueError(
+            "synchronous rounds are counted in env steps, so that every member pushes at the "
+            "same steps: give --sync-steps (e.g. 128) with --round-wait-s"
+        )
+
+
 class SyncLoop:
     """Shares the engine's weights, experience or both with a session; says when its goal is met."""
 
@@ -100,6 +136,7 @@ class SyncLoop:
         backoff: BackoffPolicy = _DEFAULT_BACKOFF,
         exchange: ExchangeConfig = _DEFAULT_EXCHANGE,
         target_at_adoption: TargetAtAdoption = "shift",
+        round_wait_s: float = 0.0,
         on_record: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         """`exchange` says how experience is traded when `share` includes it (a DQN engine:
@@ -108,8 +145,12 @@ class SyncLoop:
         is adopted (Learner.set_weights).
         `sync_interval` (episodes) and `sync_steps` (env steps, 0: none) say when progress
         is pushed and experience queued, whichever comes first (SyncInterval).
+        `round_wait_s` > 0 syncs in synchronous rounds of `sync_steps` env steps
+        (module docstring), each waiting at most that long; 0: asynchronous.
         `on_record` receives one metrics record per push ("sync") and adoption ("adopt")."""
-        interval = SyncInterval(episodes=sync_interval, env_steps=sync_steps)
+        check_rounds(round_wait_s, sync_steps=sync_steps, share=share, on_policy=engine.on_policy)
+        rounds = round_wait_s > 0 and not engine.on_policy
+        interval = SyncInterval(episodes=0 if rounds else sync_interval, env_steps=sync_steps)
         if not engine.learns and share != "both":
             raise ValueError(
                 "a participant that only acts (--role actor) plays the global model and pushes "
@@ -124,6 +165,8 @@ class SyncLoop:
         self._sync_interval = interval
         self._outbox_limits = outbox_limits
         self._backoff = backoff
+        self._round_wait_s = round_wait_s
+        self._late_rounds = 0
         self._weights: WeightSync | None = None
         if share != "experience":
             self._weights = WeightSync(
@@ -216,6 +259,9 @@ class SyncLoop:
         fatal = self._require_link().fatal
         if fatal is not None:
             raise SyncError(f"federation stopped: {fatal}")
+        if self._round_wait_s > 0 and self._weights is not None:
+            self._synchronous_round(result)
+            return
         if self._weights is not None:
             self._weights.after_poll(result)
         if self._experience is not None:
@@ -231,11 +277,54 @@ class SyncLoop:
             and self._sync_interval.due(
                 episodes=counters.episodes - self._experience_queued_at,
                 env_steps=counters.env_steps - self._experience_queued_steps,
+                total_env_steps=counters.env_steps,
             )
             and time.monotonic() - self._experience_queued_time >= self.view.push_spacing_s
             and not self._experience.in_flight()
         ):
             self.queue_experience()
+
+    def _synchronous_round(self, result: PollResult) -> None:
+        """Experience out, update out, the round's version and experience in (module docstring)."""
+        weights, experience = self._weights, self._experience
+        assert weights is not None
+        weights.observe(result)
+        if experience is not None:
+            experience.adopt(self._engine)
+        if not weights.due(result):
+            return
+        # The server's push rate limit sets the shortest round: wait it out
+        # rather than skip a push, which would leave the others waiting.
+        time.sleep(weights.pace_left_s())
+        connected = self.view.connected
+        deadline = time.monotonic() + self._round_wait_s
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
+        if experience is not None:
+            self.queue_experience()
+            if connected:
+                experience.flush(left())
+        sequence = weights.push_when_sent(left() if connected else 0.0)
+        if sequence is None or not connected:
+            return
+        in_time = weights.await_version(sequence, left())
+        if experience is not None:
+            experience.adopt(self._engine)
+            in_time = experience.pull_fresh(left()) and in_time
+            experience.adopt(self._engine)
+        if not in_time:
+            self._late_rounds += 1
+            # Said at the first and then each time the count doubles: a member
+            # that crashed holds rounds up for the server's buffer timeout.
+            if self._late_rounds & (self._late_rounds - 1) == 0:
+                log.warning(
+                    "%d synchronous rounds so far ended without the round's version within "
+                    "%.1f s (a slow or lost member, or the server); training went on",
+                    self._late_rounds,
+                    self._round_wait_s,
+                )
 
     def push(self) -> int | None:
         """Write the weight progress since the last push to the outbox; its sequence, or None."""

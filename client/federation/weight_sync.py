@@ -236,28 +236,61 @@ class WeightSync:
 
     def after_poll(self, result: PollResult) -> None:
         """Record the round; push when the interval is full; adopt a pulled global model."""
-        assert self._state is not None and self._outbox is not None
-        self._returns.extend(result.episode_returns)
-        if "loss" in result.train_metrics:
-            self._losses.append(result.train_metrics["loss"])
-        if result.evaluation is not None:
-            self._eval_since_push = result.evaluation.mean
-        self._absorb()
-        due = (
-            result.policy_updates > 0
-            if self._engine.on_policy
-            else self._sync_interval.due(
-                episodes=self.unpushed_episodes, env_steps=self.unpushed_env_steps
-            )
-        )
-        paced = time.monotonic() - self._pushed_at >= self._require_link().view.push_spacing_s
-        if due and paced and not self._outbox.pending(UPDATE):
+        assert self._outbox is not None
+        self.observe(result)
+        paced = self.pace_left_s() == 0.0
+        if self.due(result) and paced and not self._outbox.pending(UPDATE):
             # One update in flight at a time: while the previous one waits
             # (a slow link, the server's rate limit, an outage) the progress
             # keeps growing in local − reference and leaves as one fresher
             # update, instead of a queue of deltas on ever older bases that
             # the global model would take in late.
             self.push()
+
+    def observe(self, result: PollResult) -> None:
+        """Record the round's returns and losses; adopt what the server handed over since."""
+        assert self._state is not None
+        self._returns.extend(result.episode_returns)
+        if "loss" in result.train_metrics:
+            self._losses.append(result.train_metrics["loss"])
+        if result.evaluation is not None:
+            self._eval_since_push = result.evaluation.mean
+        self._absorb()
+
+    def due(self, result: PollResult) -> bool:
+        """Whether the sync interval is full (PPO: the round made a rollout update)."""
+        if self._engine.on_policy:
+            return result.policy_updates > 0
+        return self._sync_interval.due(
+            episodes=self.unpushed_episodes,
+            env_steps=self.unpushed_env_steps,
+            total_env_steps=self._engine.counters.env_steps,
+        )
+
+    def pace_left_s(self) -> float:
+        """Seconds until a push keeps within the server's rate limit (0: it may go now)."""
+        spacing = self._require_link().view.push_spacing_s
+        return max(0.0, self._pushed_at + spacing - time.monotonic())
+
+    def push_when_sent(self, timeout_s: float) -> int | None:
+        """Push once the previous update is acknowledged, waiting up to `timeout_s` for that;
+        its sequence, or None (nothing to push, or the previous one still unacknowledged: its
+        progress then leaves with a later push)."""
+        assert self._outbox is not None
+        if self._outbox.pending(UPDATE) and not self._require_traffic().flush(timeout_s):
+            return None
+        return self.push()
+
+    def await_version(self, sequence: int, timeout_s: float) -> bool:
+        """Wait until the server's version holding update `sequence` is pulled, and adopt it.
+
+        False when it did not come within `timeout_s` (a member slower than
+        that, the server unreachable, the update handed back): training goes
+        on, and the version is adopted at a later round as usual.
+        """
+        held = self._require_traffic().wait_for_version(sequence, timeout_s)
+        self._absorb()
+        return held
 
     def _absorb(self) -> None:
         """Take back updates the server handed back; adopt a newly pulled global model; collect
@@ -539,6 +572,23 @@ class WeightTraffic:
         """How many updates were handed back so far (the main thread takes them back)."""
         with self._lock:
             return self._given_back
+
+    def wait_for_version(self, sequence: int, timeout_s: float) -> bool:
+        """Wait until a pulled version holds update `sequence`; False if none did in time.
+
+        A handed-back update ends the wait at once: no version will hold it.
+        """
+        given_back = self.given_back
+
+        def held() -> bool:
+            with self._lock:
+                model = self._pending
+            return model is not None and model.applied_sequence >= sequence
+
+        def settled() -> bool:
+            return held() or self.given_back != given_back
+
+        return self._link.wait_until(settled, wake=self._wake, timeout_s=timeout_s) and held()
 
     def refresh_now(self, timeout_s: float) -> None:
         """Ask for the newest global version and pull it now (for take_pending)."""
