@@ -55,7 +55,7 @@ class ServerConfig:
         default=60.0,
         metadata=doc(
             "With --buffer-size 0, a participant counts toward K while its last push is this "
-            "recent (one that left or crashed stops holding versions back)."
+            "recent (one that crashed stops holding versions back; one that leaves stops at once)."
         ),
     )
     buffer_timeout_s: float = field(

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import click
+import pytest
 from click.testing import CliRunner
 
 from fedrl.client.commands.cli import main
@@ -126,3 +127,24 @@ def test_subcommands_attach_to_the_group_and_need_no_training_options() -> None:
 
     # assert
     assert result.exit_code == 0 and result.output == "hi\n"
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--round-wait-s", "5"], "give --sync-steps"),
+        (["--round-wait-s", "5", "--sync-steps", "128", "--share", "experience"], "--share"),
+        (["--round-wait-s", "-1", "--sync-steps", "128"], "round wait must be"),
+        (["--round-wait-s", "nan", "--sync-steps", "128"], "round wait must be"),
+    ],
+)
+def test_synchronous_rounds_that_could_not_form_are_refused_before_training(
+    tmp_path: Path, options: list[str], named: str
+) -> None:
+    result = CliRunner().invoke(
+        main, ["--participant-id", "ann", "--state-dir", str(tmp_path / "state"), *options]
+    )
+
+    assert result.exit_code != 0
+    assert named in result.output
+    assert not (tmp_path / "state").exists()

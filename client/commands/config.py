@@ -116,8 +116,8 @@ class TrainConfig:
     round_wait_s: float = field(
         default=0.0,
         metadata=doc(
-            "Synchronous rounds: every --sync-steps env steps (DQN; PPO: every rollout update) "
-            "push, wait up to this many seconds for the server's version holding that push "
+            "DQN, synchronous rounds: every --sync-steps env steps push, wait up to this "
+            "many seconds for the server's version holding that push "
             "(one update from every active member), adopt it and the round's experience, "
             "then train on. Every member then starts each round from the same average: on "
             "CartPole's fours this took a group to 3.3x a lone learner's speed, against "
@@ -279,6 +279,7 @@ EXCHANGE_FIELDS = tuple(f.name for f in dataclasses.fields(ExchangeConfig))
 """The experience exchange options, which PPO refuses."""
 DQN_ONLY = (
     "target_at_adoption",
+    "round_wait_s",
     *EXCHANGE_FIELDS,
     "n_step",
     "episodic_life",

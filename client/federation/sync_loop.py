@@ -103,12 +103,16 @@ def check_rounds(round_wait_s: float, *, sync_steps: int, share: Share, on_polic
         raise ValueError(f"round wait must be a finite number of seconds >= 0, got {round_wait_s}")
     if round_wait_s == 0:
         return
+    if on_policy:
+        # PPO pushes after every rollout update already; whether waiting for
+        # each version pays there has not been measured, so it is not offered.
+        raise ValueError("synchronous rounds (--round-wait-s) are for DQN")
     if share == "experience":
         raise ValueError(
             "synchronous rounds wait for the global version holding each push: they need "
             "--share weights or both"
         )
-    if not on_policy and sync_steps <= 0:
+    if sync_steps <= 0:
         raise ValueError(
             "synchronous rounds are counted in env steps, so that every member pushes at the "
             "same steps: give --sync-steps (e.g. 128) with --round-wait-s"
@@ -146,11 +150,12 @@ class SyncLoop:
         `sync_interval` (episodes) and `sync_steps` (env steps, 0: none) say when progress
         is pushed and experience queued, whichever comes first (SyncInterval).
         `round_wait_s` > 0 syncs in synchronous rounds of `sync_steps` env steps
-        (module docstring), each waiting at most that long; 0: asynchronous.
+        (module docstring; DQN), each waiting at most that long; 0: asynchronous.
         `on_record` receives one metrics record per push ("sync") and adoption ("adopt")."""
         check_rounds(round_wait_s, sync_steps=sync_steps, share=share, on_policy=engine.on_policy)
-        rounds = round_wait_s > 0 and not engine.on_policy
-        interval = SyncInterval(episodes=0 if rounds else sync_interval, env_steps=sync_steps)
+        interval = SyncInterval(
+            episodes=0 if round_wait_s > 0 else sync_interval, env_steps=sync_steps
+        )
         if not engine.learns and share != "both":
             raise ValueError(
                 "a participant that only acts (--role actor) plays the global model and pushes "
@@ -357,6 +362,11 @@ class SyncLoop:
     @property
     def base_version(self) -> int:
         return self._weights.base_version if self._weights is not None else -1
+
+    @property
+    def late_rounds(self) -> int:
+        """Synchronous rounds that went on without their version or experience in time."""
+        return self._late_rounds
 
     @property
     def goal_reached(self) -> bool:

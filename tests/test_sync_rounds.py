@@ -1,0 +1,218 @@
+"""Synchronous rounds through a real server: each version holds one push of every member,
+a member that leaves holds nobody up, and a lone member stays lossless."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from fedrl.client.federation.backoff import BackoffPolicy
+from fedrl.client.federation.model_spec import model_spec
+from fedrl.client.federation.sync_loop import SyncLoop
+from fedrl.client.federation.sync_state import NamedArrays
+from fedrl.client.training.engine import EngineConfig, TrainingEngine
+from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.q_network import architecture_name
+from fedrl.proto.v1 import federation_pb2 as pb
+from tests.support.server_harness import InProcessServer, server_config
+
+SMALL = LearnerConfig(
+    hidden=(32, 32), learning_starts=64, batch_size=32, target_update_interval=50, device="cpu"
+)
+ENGINE = EngineConfig(workers=0, envs_per_worker=4, eval_interval=0, seed=3)
+"""Serial engines of 4 envs x 8 steps: 32 env steps a round, so --sync-steps 32 syncs in
+nearly every round."""
+ROUND_STEPS = 32
+
+
+def rounds_server(tmp_path: Path) -> InProcessServer:
+    # A buffer timeout far beyond the test's rounds: a version made of fewer
+    # than every member's push could only come from the automatic K itself.
+    return InProcessServer(
+        server_config(
+            tmp_path / "server",
+            buffer_timeout_s=60.0,
+            global_eval_interval=0,
+            push_rate_per_s=1000.0,
+            push_burst=1000,
+        )
+    )
+
+
+@contextmanager
+def member(
+    address: str,
+    state_dir: Path,
+    participant_id: str,
+    *,
+    seed: int,
+    records: list[dict[str, Any]],
+    delta_dtype: str = "bfloat16",
+    share: Any = "both",
+) -> Iterator[tuple[TrainingEngine, SyncLoop]]:
+    engine = TrainingEngine(dataclasses.replace(ENGINE, seed=seed), SMALL)
+    loop = SyncLoop(
+        engine,
+        state_dir=state_dir,
+        participant_id=participant_id,
+        session="default",
+        spec=model_spec("CartPole-v1", engine.weights(), architecture_name(SMALL.hidden, True)),
+        channel_factory=lambda: grpc.aio.insecure_channel(address),
+        share=share,
+        sync_steps=ROUND_STEPS,
+        round_wait_s=20.0,
+        delta_dtype=delta_dtype,
+        evaluate_global=False,
+        backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
+        on_record=records.append,
+    )
+    try:
+        loop.start(connect_timeout_s=10.0)
+        engine.start()
+        yield engine, loop
+    finally:
+        loop.close()
+        engine.close()
+
+
+def run_rounds(engine: TrainingEngine, loop: SyncLoop, polls: int, errors: list[Exception]) -> None:
+    """Train `polls` rounds, then push what is left and leave (finish)."""
+    try:
+        for _ in range(polls):
+            loop.after_poll(engine.poll())
+        loop.finish(flush_timeout_s=20.0)
+    except Exception as exc:  # reported by the test's thread join
+        errors.append(exc)
+
+
+def run_together(*plans: tuple[TrainingEngine, SyncLoop, int]) -> None:
+    errors: list[Exception] = []
+    threads = [
+        threading.Thread(target=run_rounds, args=(engine, loop, polls, errors))
+        for engine, loop, polls in plans
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=240)
+    assert not any(t.is_alive() for t in threads), "a member never finished its rounds"
+    assert not errors, errors
+
+
+def versions(server: InProcessServer) -> list[pb.VersionState]:
+    status = server.stub().Status(pb.StatusRequest(session="default", max_versions=10_000))
+    return sorted(status.sessions[0].versions, key=lambda v: v.version)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_every_version_of_a_round_holds_one_push_from_each_member(tmp_path: Path) -> None:
+    # prepare: two members in synchronous rounds, each on its own thread
+    records: dict[str, list[dict[str, Any]]] = {"ann": [], "bob": []}
+    with ExitStack() as stack:
+        server = stack.enter_context(rounds_server(tmp_path))
+        ann = stack.enter_context(
+            member(server.address, tmp_path / "ann", "ann", seed=1, records=records["ann"])
+        )
+        bob = stack.enter_context(
+            member(server.address, tmp_path / "bob", "bob", seed=2, records=records["bob"])
+        )
+
+        # act
+        run_together((*ann, 40), (*bob, 40))
+        made = versions(server)
+
+    # assert: after the first (one member pushed before the other had), each
+    # version until the members finish holds exactly one update of each, and
+    # both adopted each of those versions in the round it formed
+    rounds = [v for v in made if v.version >= 1]
+    assert len(rounds) >= 25
+    middle = rounds[1:-2]
+    assert all(sorted(v.contributors) == ["ann", "bob"] for v in middle), [
+        list(v.contributors) for v in rounds
+    ]
+    for name, loop in (("ann", ann[1]), ("bob", bob[1])):
+        adopted = {r["version"] for r in records[name] if r["kind"] == "adopt"}
+        assert {v.version for v in middle} <= adopted, name
+        assert loop.late_rounds == 0, name
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_member_that_leaves_holds_no_round_of_the_others_up(tmp_path: Path) -> None:
+    # prepare: bob trains a few rounds and leaves; ann goes on alone
+    records: list[dict[str, Any]] = []
+    with ExitStack() as stack:
+        server = stack.enter_context(rounds_server(tmp_path))
+        ann = stack.enter_context(
+            member(server.address, tmp_path / "ann", "ann", seed=1, records=records)
+        )
+        bob = stack.enter_context(
+            member(server.address, tmp_path / "bob", "bob", seed=2, records=[])
+        )
+
+        # act
+        run_together((*ann, 40), (*bob, 10))
+        made = versions(server)
+
+    # assert: no round of ann's waited out its bound (60 s of buffer timeout
+    # would have, had the server kept counting bob), and her rounds after
+    # bob left made versions of her pushes alone
+    assert ann[1].late_rounds == 0
+    alone = [v for v in made if list(v.contributors) == ["ann"]]
+    assert len(alone) >= 15
+    assert made[-1].contributors == ["ann"]
+
+
+def _weights_after_each_round(engine: TrainingEngine, rounds: int) -> list[NamedArrays]:
+    out = []
+    for _ in range(rounds):
+        engine.poll()
+        out.append(engine.weights())
+    return out
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_lone_member_in_rounds_trains_exactly_as_it_would_offline(tmp_path: Path) -> None:
+    # prepare: the same engine offline, then alone in a session syncing in rounds
+    rounds = 40
+    offline = TrainingEngine(ENGINE, SMALL)
+    offline.start()
+    try:
+        expected = _weights_after_each_round(offline, rounds)
+    finally:
+        offline.close()
+    records: list[dict[str, Any]] = []
+    got: list[NamedArrays] = []
+    with (
+        rounds_server(tmp_path) as server,
+        member(
+            server.address,
+            tmp_path / "ann",
+            "ann",
+            seed=ENGINE.seed,
+            records=records,
+            delta_dtype="float32",
+        ) as (engine, loop),
+    ):
+        # act
+        for _ in range(rounds):
+            loop.after_poll(engine.poll())
+            got.append(engine.weights())
+        loop.finish()
+
+    # assert: a version in nearly every round, each adopted in its round, and
+    # not one weight apart from offline's
+    adopted = [r for r in records if r["kind"] == "adopt"]
+    assert len(adopted) >= rounds - 5
+    assert loop.late_rounds == 0
+    assert all(r["change_norm"] < 1e-5 for r in adopted)
+    for index, (want, have) in enumerate(zip(expected, got, strict=True)):
+        for (name, a), (_, b) in zip(want, have, strict=True):
+            np.testing.assert_allclose(b, a, atol=1e-5, err_msg=f"round {index}: {name}")
