@@ -127,6 +127,11 @@ speed would, whatever this machine's cores. Measured (CartPole, seeds
 5,625 steps each, 1.67×; their own 7 of 10 at 7,375, 1.27×), so the
 drift is not what a group loses; it stays an option, not the default.
 
+`--round-wait-s S` (with `--sync-steps`) runs the client's synchronous
+rounds in every mode that shares weights: the members push at the same
+env steps and each waits, at most S seconds, for the version and the
+experience of its round (fedrl.client.federation.sync_loop).
+
 Findings. The figures measured with this bench, and what they show, are in
 the README's table of what a group of N should expect.
 
@@ -137,6 +142,7 @@ Usage:
   .venv/bin/python bench/federation.py --task lunarlander --modes both --n 1
   .venv/bin/python bench/federation.py --task lunarlander --modes both --n 2 4 --budget 48000
   .venv/bin/python bench/federation.py --n 2 --modes both --seeds 0
+  .venv/bin/python bench/federation.py --n 2 4 --modes both --sync-steps 128 --round-wait-s 5
 The last line of stdout is one JSON object with every figure; a PNG of the
 score against per-participant env steps goes to --plot.
 """

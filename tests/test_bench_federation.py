@@ -403,6 +403,15 @@ def test_the_pull_cap_reaches_the_settings_and_a_cap_below_one_stops_the_bench(
         bench.settings_from(bench.parse_args(["--pull-transitions", "0"]))
 
 
+def test_synchronous_rounds_reach_the_settings_and_need_sync_steps(bench: ModuleType) -> None:
+    settings = bench.settings_from(bench.parse_args(["--round-wait-s", "5", "--sync-steps", "128"]))
+
+    assert (settings.round_wait_s, settings.sync_steps) == (5.0, 128)
+    assert bench.Settings().round_wait_s == 0.0
+    with pytest.raises(ValueError, match="--sync-steps"):
+        bench.settings_from(bench.parse_args(["--round-wait-s", "5"]))
+
+
 def test_the_offline_reference_starts_from_version_zero_of_the_same_seed(
     bench: ModuleType,
 ) -> None:
