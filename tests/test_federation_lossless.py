@@ -20,6 +20,7 @@ from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import Learner, LearnerConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.proto.v1 import federation_pb2 as pb
+from tests.support.offline import offline_weights
 from tests.support.server_harness import InProcessServer, server_config
 
 SMALL = LearnerConfig(
@@ -94,25 +95,12 @@ def test_adopting_others_progress_moves_the_target_by_the_same_change() -> None:
         np.testing.assert_allclose(after - before, moved, atol=1e-6)
 
 
-def _weights_after_each_round(engine: TrainingEngine, rounds: int) -> list[NamedArrays]:
-    out = []
-    for _ in range(rounds):
-        engine.poll()
-        out.append(engine.weights())
-    return out
-
-
 @pytest.mark.usefixtures("one_torch_thread")
 def test_a_lone_federated_participant_trains_exactly_as_it_would_offline(tmp_path: Path) -> None:
     # prepare: the same engine twice (same seeds); one alone, one in a session of
     # its own with K = 1 and float32 deltas, so every push becomes a version it adopts.
     rounds = 60
-    offline = TrainingEngine(ENGINE, SMALL)
-    offline.start()
-    try:
-        expected = _weights_after_each_round(offline, rounds)
-    finally:
-        offline.close()
+    expected = offline_weights(ENGINE, SMALL, rounds)
 
     federated = TrainingEngine(ENGINE, SMALL)
     records: list[dict[str, Any]] = []

@@ -22,6 +22,7 @@ from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.proto.v1 import federation_pb2 as pb
+from tests.support.offline import offline_weights
 from tests.support.server_harness import InProcessServer, server_config
 
 SMALL = LearnerConfig(
@@ -170,24 +171,11 @@ def test_a_member_that_leaves_holds_no_round_of_the_others_up(tmp_path: Path) ->
     assert made[-1].contributors == ["ann"]
 
 
-def _weights_after_each_round(engine: TrainingEngine, rounds: int) -> list[NamedArrays]:
-    out = []
-    for _ in range(rounds):
-        engine.poll()
-        out.append(engine.weights())
-    return out
-
-
 @pytest.mark.usefixtures("one_torch_thread")
 def test_a_lone_member_in_rounds_trains_exactly_as_it_would_offline(tmp_path: Path) -> None:
     # prepare: the same engine offline, then alone in a session syncing in rounds
     rounds = 40
-    offline = TrainingEngine(ENGINE, SMALL)
-    offline.start()
-    try:
-        expected = _weights_after_each_round(offline, rounds)
-    finally:
-        offline.close()
+    expected = offline_weights(ENGINE, SMALL, rounds)
     records: list[dict[str, Any]] = []
     got: list[NamedArrays] = []
     with (
