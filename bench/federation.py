@@ -1615,7 +1615,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     if learner and "ppo" in args.algo:
         raise SystemExit("--learner changes the DQN learner; drop it or --algo ppo")
     check_rounds(
-        args.round_wait_s, sync_steps=args.sync_steps, share="both", on_policy=args.algo == "ppo"
+        args.round_wait_s, sync_steps=args.sync_steps, share="both", on_policy="ppo" in args.algo
     )
     return Settings(
         env=task.env,

@@ -410,6 +410,10 @@ def test_synchronous_rounds_reach_the_settings_and_need_sync_steps(bench: Module
     assert bench.Settings().round_wait_s == 0.0
     with pytest.raises(ValueError, match="--sync-steps"):
         bench.settings_from(bench.parse_args(["--round-wait-s", "5"]))
+    with pytest.raises(ValueError, match="for DQN"):
+        bench.settings_from(
+            bench.parse_args(["--round-wait-s", "5", "--sync-steps", "128", "--algo", "dqn", "ppo"])
+        )
 
 
 def test_the_offline_reference_starts_from_version_zero_of_the_same_seed(
