@@ -241,13 +241,13 @@ class Aggregator:
                 return
             elif isinstance(item, _Seed):
                 await self._seed(item)
-            elif isinstance(item, _Leave):
-                self._last_push.pop(item.participant_id, None)
-                if self._buffer and len(self._buffer) >= self._buffer_target():
-                    await self._flush_guarded()
             else:
-                await self._add(item)
-                if len(self._buffer) >= self._buffer_target():
+                if isinstance(item, _Leave):
+                    self._last_push.pop(item.participant_id, None)
+                else:
+                    await self._add(item)
+                # A new update, or a smaller K once a member left, may fill the buffer.
+                if self._buffer and len(self._buffer) >= self._buffer_target():
                     await self._flush_guarded()
 
     def _buffer_target(self) -> int:
