@@ -3,26 +3,21 @@ a member that leaves holds nobody up, and a lone member stays lossless."""
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 import pytest
 
-from fedrl.client.federation.backoff import BackoffPolicy
-from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.sync_loop import SyncLoop
 from fedrl.client.federation.sync_state import NamedArrays
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
-from fedrl.client.training.q_network import architecture_name
 from fedrl.proto.v1 import federation_pb2 as pb
 from tests.support.offline import offline_weights
+from tests.support.participant import participant
 from tests.support.server_harness import InProcessServer, server_config
 
 SMALL = LearnerConfig(
@@ -48,7 +43,6 @@ def rounds_server(tmp_path: Path) -> InProcessServer:
     )
 
 
-@contextmanager
 def member(
     address: str,
     state_dir: Path,
@@ -57,31 +51,20 @@ def member(
     seed: int,
     records: list[dict[str, Any]],
     delta_dtype: str = "bfloat16",
-    share: Any = "both",
-) -> Iterator[tuple[TrainingEngine, SyncLoop]]:
-    engine = TrainingEngine(dataclasses.replace(ENGINE, seed=seed), SMALL)
-    loop = SyncLoop(
-        engine,
-        state_dir=state_dir,
-        participant_id=participant_id,
-        session="default",
-        spec=model_spec("CartPole-v1", engine.weights(), architecture_name(SMALL.hidden, True)),
-        channel_factory=lambda: grpc.aio.insecure_channel(address),
-        share=share,
+) -> AbstractContextManager[tuple[TrainingEngine, SyncLoop]]:
+    """A participant syncing in rounds of ROUND_STEPS env steps, each waiting up to 20 s."""
+    return participant(
+        address,
+        state_dir,
+        participant_id,
+        seed=seed,
+        records=records,
+        engine_config=ENGINE,
+        learner=SMALL,
         sync_steps=ROUND_STEPS,
         round_wait_s=20.0,
         delta_dtype=delta_dtype,
-        evaluate_global=False,
-        backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
-        on_record=records.append,
     )
-    try:
-        loop.start(connect_timeout_s=10.0)
-        engine.start()
-        yield engine, loop
-    finally:
-        loop.close()
-        engine.close()
 
 
 def run_rounds(engine: TrainingEngine, loop: SyncLoop, polls: int, errors: list[Exception]) -> None:

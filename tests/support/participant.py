@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,24 +33,28 @@ def participant(
     seed: int = 0,
     records: list[dict[str, Any]] | None = None,
     connect_timeout_s: float = 10.0,
+    engine_config: EngineConfig | None = None,
+    learner: LearnerConfig = SMALL,
+    **loop_options: Any,
 ) -> Iterator[tuple[TrainingEngine, SyncLoop]]:
-    """A started engine and its started sync loop, syncing every 3 episodes; closed on exit."""
-    engine = TrainingEngine(
-        EngineConfig(workers=0, envs_per_worker=2, eval_interval=0, seed=seed), SMALL, learn=learn
-    )
+    """A started engine and its started sync loop, syncing every 3 episodes unless
+    `loop_options` say otherwise; closed on exit. `engine_config` (its seed replaced by `seed`):
+    default a serial engine of 2 envs."""
+    config = engine_config or EngineConfig(workers=0, envs_per_worker=2, eval_interval=0)
+    engine = TrainingEngine(dataclasses.replace(config, seed=seed), learner, learn=learn)
+    options: dict[str, Any] = {"sync_interval": 3, "exchange": EXCHANGE, **loop_options}
     loop = SyncLoop(
         engine,
         state_dir=state_dir,
         participant_id=participant_id,
         session="default",
-        spec=model_spec("CartPole-v1", engine.weights(), architecture_name(SMALL.hidden, True)),
+        spec=model_spec("CartPole-v1", engine.weights(), architecture_name(learner.hidden, True)),
         channel_factory=lambda: grpc.aio.insecure_channel(address),
         share=share,
-        sync_interval=3,
         evaluate_global=False,
         backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
-        exchange=EXCHANGE,
         on_record=None if records is None else records.append,
+        **options,
     )
     try:
         loop.start(connect_timeout_s=connect_timeout_s)
