@@ -348,14 +348,19 @@ def test_experience_sync_turns_itself_off_against_a_server_without_the_service(
 ) -> None:
     with InProcessServer(server_config(tmp_path / "plain")) as server:
         join(server.stub(), "alice", cartpole_spec())
-        sync, outbox = _sync(tmp_path, "alice"), Outbox(tmp_path / "a-out")
-        sync.record(_transitions(100))
-        sync.queue(outbox)
+        syncs: list[tuple[ExperienceSync, Outbox]] = []
+        # Many times over: gRPC's asyncio client now and then reports INTERNAL in place of
+        # the server's UNIMPLEMENTED (grpc/grpc#36066), about once in 200 pushes here.
+        for attempt in range(300):
+            sync, outbox = _sync(tmp_path / str(attempt), "alice"), Outbox(tmp_path / f"o{attempt}")
+            sync.record(_transitions(100))
+            sync.queue(outbox)
 
-        asyncio.run(_exchange_round(server.address, (sync, "alice", outbox)))
+            asyncio.run(_exchange_round(server.address, (sync, "alice", outbox)))
+            syncs.append((sync, outbox))
 
-    assert not sync.enabled
-    assert outbox.size(KIND)[0] == 1
+    assert not any(sync.enabled for sync, _ in syncs)
+    assert all(outbox.size(KIND)[0] == 1 for _, outbox in syncs)
 
 
 def test_consecutive_pushes_never_repeat_a_transition(tmp_path: Path) -> None:

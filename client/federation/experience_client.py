@@ -32,6 +32,8 @@ KIND = "experience"
 """The outbox kind of experience batches."""
 
 _DEFAULT_TIMEOUTS = Timeouts()
+# Past any batch a store can hold (SQLite's largest integer), so a probe pull brings none.
+_PAST_EVERY_BATCH = 2**63 - 1
 # One pulled batch: one block of columns, at most the server's batch bound (64 MiB) decoded.
 _DEFAULT_LIMITS = DecodeLimits(max_tensors=1, max_total_raw_bytes=64 << 20)
 
@@ -137,6 +139,10 @@ class ExperienceClient:
                 ),
             )
         except grpc.aio.AioRpcError as exc:
+            if _status_lost(exc) and await self._service_missing():
+                raise RejectedError(
+                    f"{what}: the server has no experience service", grpc.StatusCode.UNIMPLEMENTED
+                ) from None
             raise _translate(exc, what) from None
         acked = [ack.sequence for ack in reply.acks]
         if acked != sequences:
@@ -186,6 +192,28 @@ class ExperienceClient:
             # Nothing was kept and the cursor did not move: asking again is safe.
             raise UnavailableError(f"{what}: {exc}") from None
 
+    async def _service_missing(self) -> bool:
+        """Whether the server lacks this service, asked with a pull that brings nothing.
+
+        A pull is one request message, so its status cannot be lost the way a
+        stream's can (see _status_lost). The cursor past any batch makes it cheap.
+        """
+        request = pb.PullExperienceRequest(
+            session=self.session,
+            participant_id=self.participant_id,
+            cursor=_PAST_EVERY_BATCH,
+            max_transitions=1,
+        )
+        try:
+            call = self._stub.PullExperience(
+                request, metadata=self._metadata, timeout=self._timeouts.unary_s
+            )
+            async for _ in call:
+                pass
+        except grpc.aio.AioRpcError as exc:
+            return bool(exc.code() == grpc.StatusCode.UNIMPLEMENTED)
+        return False
+
     async def _assemble(self, call: AsyncIterator[pb.ExperienceChunk]) -> Pulled:
         batches: list[tuple[pb.ExperienceHeader, ExperienceBatch]] = []
         header: pb.ExperienceHeader | None = None
@@ -208,6 +236,18 @@ class ExperienceClient:
                     raise DecodeError("the pull ended inside a batch")
                 return Pulled(batches, message.end.next_cursor)
         raise DecodeError("the pull stream ended without its end message")
+
+
+def _status_lost(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether gRPC's asyncio client replaced the server's status with its own INTERNAL.
+
+    It does so now and then when the server answers a client stream before
+    the client has written it all (grpc/grpc#36066): a server without the
+    service answers UNIMPLEMENTED at once, and the client sees this instead.
+    """
+    return bool(
+        exc.code() == grpc.StatusCode.INTERNAL and exc.details() == "Internal error from Core"
+    )
 
 
 def _translate(exc: grpc.aio.AioRpcError, what: str) -> ServerCallError:
