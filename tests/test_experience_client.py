@@ -363,6 +363,25 @@ def test_experience_sync_turns_itself_off_against_a_server_without_the_service(
     assert all(outbox.size(KIND)[0] == 1 for _, outbox in syncs)
 
 
+def test_the_probe_after_a_lost_status_tells_a_missing_service_from_a_present_one(
+    tmp_path: Path,
+    experience_server: Server,
+) -> None:
+    join(experience_server.stubs()[0], "alice", cartpole_spec())
+
+    async def missing(address: str) -> bool:
+        async with grpc.aio.insecure_channel(address) as channel:
+            client = ExperienceClient(channel, participant_id="alice", session="default")
+            return await client._service_missing()
+
+    with InProcessServer(server_config(tmp_path / "plain")) as plain:
+        join(plain.stub(), "alice", cartpole_spec())
+        without = asyncio.run(missing(plain.address))
+    present = asyncio.run(missing(experience_server.address))
+
+    assert (without, present) == (True, False)
+
+
 def test_consecutive_pushes_never_repeat_a_transition(tmp_path: Path) -> None:
     sync, outbox = _sync(tmp_path, "alice"), Outbox(tmp_path / "out")
     sync.record(_transitions(40, seed=1))
