@@ -171,8 +171,11 @@ class ExperienceClient:
             sent += 1
         return sent
 
-    async def pull(self, cursor: int, max_transitions: int) -> Pulled:
-        """Other participants' batches after cursor, up to max_transitions."""
+    async def pull(
+        self, cursor: int, max_transitions: int, *, timeout_s: float | None = None
+    ) -> Pulled:
+        """Other participants' batches after cursor, up to max_transitions, within `timeout_s`
+        (default: the transfer timeout)."""
         request = pb.PullExperienceRequest(
             session=self.session,
             participant_id=self.participant_id,
@@ -183,7 +186,9 @@ class ExperienceClient:
         what = "pull of experience"
         try:
             call = self._stub.PullExperience(
-                request, metadata=self._metadata, timeout=self._timeouts.transfer_s
+                request,
+                metadata=self._metadata,
+                timeout=self._timeouts.transfer_s if timeout_s is None else timeout_s,
             )
             return await self._assemble(call)
         except grpc.aio.AioRpcError as exc:
@@ -198,20 +203,10 @@ class ExperienceClient:
         A pull is one request message, so its status cannot be lost the way a
         stream's can (see _status_lost). The cursor past any batch makes it cheap.
         """
-        request = pb.PullExperienceRequest(
-            session=self.session,
-            participant_id=self.participant_id,
-            cursor=_PAST_EVERY_BATCH,
-            max_transitions=1,
-        )
         try:
-            call = self._stub.PullExperience(
-                request, metadata=self._metadata, timeout=self._timeouts.unary_s
-            )
-            async for _ in call:
-                pass
-        except grpc.aio.AioRpcError as exc:
-            return bool(exc.code() == grpc.StatusCode.UNIMPLEMENTED)
+            await self.pull(_PAST_EVERY_BATCH, 1, timeout_s=self._timeouts.unary_s)
+        except ServerCallError as exc:
+            return bool(exc.code == grpc.StatusCode.UNIMPLEMENTED)
         return False
 
     async def _assemble(self, call: AsyncIterator[pb.ExperienceChunk]) -> Pulled:
