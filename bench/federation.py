@@ -34,7 +34,12 @@ and the client's SyncLoop in each participant. The modes:
   does not run.
 
 Every mode's N = 1 runs (but pooled's), and the offline reference runs in
-the same invocation. The participants use the client's defaults (sync every 2
+the same invocation, to the participants' budget or to `--offline-budget`:
+a lone learner that misses the target within the groups' budget on half
+the seeds or more has no median there, and so no speed-up can be given
+against it (CartPole, seeds 0-19: 6 of 20 reach 475 within 12,000 steps,
+16 of 20 within 36,000, median 23,625). The mean score compares runs over
+the marks they all have. The participants use the client's defaults (sync every 2
 episodes, bfloat16 deltas, the target network shifted at adoption, foreign
 credit 1: each received transition earns a local step's replay-ratio
 credit) and the learner's (the target period lengthened by the square root
@@ -143,6 +148,7 @@ Usage:
   .venv/bin/python bench/federation.py --task lunarlander --modes both --n 2 4 --budget 48000
   .venv/bin/python bench/federation.py --n 2 --modes both --seeds 0
   .venv/bin/python bench/federation.py --n 2 4 --modes both --sync-steps 128 --round-wait-s 5
+  .venv/bin/python bench/federation.py --n 2 4 --modes both --seeds {0..19} --offline-budget 36000
 The last line of stdout is one JSON object with every figure; a PNG of the
 score against per-participant env steps goes to --plot.
 """
@@ -288,6 +294,8 @@ class Settings:
     """Server learning rate; None: the server's default."""
     learner: tuple[tuple[str, str], ...] = ()
     """DQN LearnerConfig fields changed from the defaults, as (name, value) text (--learner)."""
+    offline_budget_steps: int | None = None
+    """Env steps of the offline reference; None: `budget_steps`, as everyone's."""
     pooled_over: int = 1
     """Participants whose envs and steps one learner takes ("pooled"); 1 for everyone else."""
     even_pace: bool = False
@@ -298,6 +306,12 @@ class Settings:
     def marks(self) -> list[int]:
         """Per-participant env steps at which every run is scored."""
         return list(range(self.eval_every, self.budget_steps + 1, self.eval_every))
+
+    def of(self, mode: Mode) -> Settings:
+        """The settings a participant of `mode` runs by: the offline reference's own budget."""
+        if mode == "offline" and self.offline_budget_steps is not None:
+            return replace(self, budget_steps=self.offline_budget_steps)
+        return self
 
     def pooled(self, n: int) -> Settings:
         """The settings of one learner that collects what n participants would: its marks are
@@ -551,7 +565,7 @@ class Summary:
     cpu_to_target: float | None
     """CPU seconds per participant to the target (median, unsolved as infinity)."""
     mean_return: float
-    """Mean score over all marks and seeds: the area under the curve."""
+    """Mean score over the marks every run has, over seeds: the area under the curve."""
     per_seed_steps: list[int | None]
     own_solved: int
     """Seeds where participant 0's own model reached the target."""
@@ -588,7 +602,12 @@ def summarise(results: Sequence[RunResult], cores: int) -> list[Summary]:
     by_config: dict[Configuration, list[RunResult]] = {}
     for result in results:
         by_config.setdefault(result.configuration, []).append(result)
-    plain = {c: _summary(c, sorted(rs, key=lambda r: r.seed), cores) for c, rs in by_config.items()}
+    # An offline reference run longer than the groups is scored over their marks only.
+    shared = min((r.marks[-1] for r in results), default=0)
+    plain = {
+        c: _summary(c, sorted(rs, key=lambda r: r.seed), cores, shared)
+        for c, rs in by_config.items()
+    }
     return [_against(summary, plain.get(c.reference)) for c, summary in plain.items()]
 
 
@@ -605,7 +624,9 @@ def _against(summary: Summary, reference: Summary | None) -> Summary:
     )
 
 
-def _summary(c: Configuration, runs: Sequence[RunResult], cores: int) -> Summary:
+def _summary(
+    c: Configuration, runs: Sequence[RunResult], cores: int, shared_marks_to: int
+) -> Summary:
     # A pooled learner is one process doing N participants' work: a bound in steps, not a
     # contender in wall clock.
     own_cores = c.n <= cores and c.mode != "pooled"
@@ -619,7 +640,9 @@ def _summary(c: Configuration, runs: Sequence[RunResult], cores: int) -> Summary
         updates_per_step=statistics.median(r.updates_per_step for r in runs),
         cpu_seconds=statistics.median(r.cpu_seconds for r in runs),
         cpu_to_target=median_or_none([r.cpu_to_target for r in runs]),
-        mean_return=statistics.fmean(v for r in runs for v in r.returns),
+        mean_return=statistics.fmean(
+            v for r in runs for m, v in zip(r.marks, r.returns, strict=True) if m <= shared_marks_to
+        ),
         per_seed_steps=[r.steps_to_target for r in runs],
         own_solved=sum(r.own_steps_to_target is not None for r in runs),
         own_steps=median_or_none([r.own_steps_to_target for r in runs]),
@@ -1029,9 +1052,11 @@ def run_configuration(
     initial = initial_weights(settings, seed, configuration.algo)
     serverless = configuration.mode in SERVERLESS_MODES
     server = None if serverless else BenchServer(run_dir / "server", settings)
-    # What the processes run by: a pooled learner's budget and marks are N participants'
-    # (pooled over 1, everyone else's settings are the invocation's).
-    run_settings = settings.pooled(configuration.pooled_over)
+    # What the processes run by: the offline reference's budget may be its own; a pooled
+    # learner's budget and marks are N participants' (pooled over 1, everyone else's
+    # settings are the invocation's).
+    per_participant = settings.of(configuration.mode)
+    run_settings = per_participant.pooled(configuration.pooled_over)
     participants: list[Participant] = []
     pace_files = [str(run_dir / f"p{index}.steps") for index in range(configuration.processes)]
     follows = [paced_by(configuration, settings, index) for index in range(configuration.processes)]
@@ -1084,7 +1109,7 @@ def run_configuration(
     return RunResult(
         configuration=configuration,
         seed=seed,
-        marks=settings.marks,
+        marks=per_participant.marks,
         returns=curve.returns,
         seconds=curve.seconds,
         versions=curve.versions,
@@ -1240,13 +1265,19 @@ COLUMNS = (
 )
 
 
+def _offline_budget(settings: Settings) -> str:
+    if settings.offline_budget_steps is None:
+        return ""
+    return f" ({settings.offline_budget_steps:,} offline; mean score over the shared marks)"
+
+
 def table_lines(summaries: Sequence[Summary], settings: Settings, cores: int) -> Iterator[str]:
     """The table: one row per configuration, then the N = 1 checks against offline."""
     yield (
         f"\n{settings.env}: score = mean of {settings.eval_episodes} greedy episodes; "
         f"reached = >= {settings.target:g} at two consecutive marks (every "
         f"{settings.eval_every:,} env steps); budget {settings.budget_steps:,} env steps per "
-        "participant; each participant one thread (serial mode)"
+        f"participant{_offline_budget(settings)}; each participant one thread (serial mode)"
     )
     header = (
         f"{COLUMNS[0][0]:<{COLUMNS[0][1]}} "
@@ -1324,7 +1355,7 @@ def plot(results: Sequence[RunResult], path: Path, settings: Settings) -> None:
             offline = [r for r in results if r.configuration == Configuration(1, "offline", algo)]
             if offline and mode != "offline":
                 axis.plot(
-                    settings.marks,
+                    offline[0].marks,
                     median_curve(offline),
                     color="grey",
                     linestyle="--",
@@ -1335,7 +1366,7 @@ def plot(results: Sequence[RunResult], path: Path, settings: Settings) -> None:
                 runs = [r for r in results if r.configuration == Configuration(n, mode, algo)]
                 if runs:
                     label = f"{prefix}N={n} ({len(runs)} seeds)"
-                    axis.plot(settings.marks, median_curve(runs), label=label)
+                    axis.plot(runs[0].marks, median_curve(runs), label=label)
         axis.axhline(settings.target, color="grey", linestyle=":", linewidth=1)
         axis.set_title(MODE_NAMES[mode])
         axis.set_xlabel("env steps per participant")
@@ -1506,6 +1537,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--budget", type=int, help="env steps per participant (default: the task's)"
     )
     parser.add_argument(
+        "--offline-budget",
+        type=int,
+        help="env steps of the offline reference (default: the participants' budget)",
+    )
+    parser.add_argument(
         "--eval-every", type=int, help="env steps between marks (default: the task's)"
     )
     parser.add_argument(
@@ -1608,6 +1644,11 @@ def settings_from(args: argparse.Namespace) -> Settings:
         ExchangeConfig(pull_transitions=args.pull_transitions)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+    if args.offline_budget is not None and args.offline_budget < task.eval_every:
+        raise SystemExit(
+            f"--offline-budget ({args.offline_budget:,}) must hold at least one mark "
+            f"(every {task.eval_every:,} env steps)"
+        )
     if args.envs_per_participant < 1:
         raise SystemExit(
             f"--envs-per-participant must be at least 1, not {args.envs_per_participant}"
@@ -1621,6 +1662,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         env=task.env,
         target=task.target,
         budget_steps=task.budget_steps,
+        offline_budget_steps=args.offline_budget,
         eval_every=task.eval_every,
         eval_episodes=args.eval_episodes,
         envs_per_participant=args.envs_per_participant,

@@ -416,6 +416,52 @@ def test_synchronous_rounds_reach_the_settings_and_need_sync_steps(bench: Module
         )
 
 
+def test_the_offline_reference_may_run_a_budget_of_its_own(bench: ModuleType) -> None:
+    settings = bench.settings_from(
+        bench.parse_args(["--budget", "2000", "--offline-budget", "6000"])
+    )
+
+    assert settings.of("offline").budget_steps == 6_000
+    assert settings.of("offline").marks[-1] == 6_000
+    assert settings.of("both").budget_steps == settings.of("pooled").budget_steps == 2_000
+    assert settings.of("pooled").pooled(2).budget_steps == 4_000
+    assert bench.Settings().of("offline") == bench.Settings()
+    with pytest.raises(SystemExit, match="at least one mark"):
+        bench.settings_from(bench.parse_args(["--offline-budget", "100"]))
+
+
+def test_a_longer_offline_reference_sets_the_speedup_and_scores_over_the_shared_marks(
+    bench: ModuleType,
+) -> None:
+    # prepare: offline reaches 475 at its 8th mark of 10 (800 steps), beyond the pair's
+    # 4 marks; the pair reaches it at its 2nd (200 steps).
+    offline = run(bench, "offline", 1, 0, [100.0] * 7 + [480.0, 490.0, 500.0])
+    pair = run(bench, "both", 2, 0, [100.0, 480.0, 490.0, 500.0])
+
+    # act
+    summaries = {s.configuration.key: s for s in bench.summarise([offline, pair], cores=2)}
+
+    # assert
+    assert summaries["dqn offline N=1"].steps == 800
+    assert summaries["dqn both N=2"].speedup == 4.0
+    assert summaries["dqn offline N=1"].mean_return == 100.0
+    assert summaries["dqn both N=2"].mean_return == (100.0 + 480.0 + 490.0 + 500.0) / 4
+
+
+def test_an_offline_run_of_its_own_budget_is_scored_at_its_own_marks(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    settings = bench.Settings(
+        budget_steps=200, offline_budget_steps=400, eval_every=200, eval_episodes=2
+    )
+
+    result = bench.run_configuration(bench.Configuration(1, "offline"), 0, settings, tmp_path)
+
+    assert result.marks == [200, 400]
+    assert len(result.returns) == 2
+    assert result.participants[0].env_steps >= 400
+
+
 def test_the_offline_reference_starts_from_version_zero_of_the_same_seed(
     bench: ModuleType,
 ) -> None:
