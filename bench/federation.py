@@ -1268,7 +1268,10 @@ COLUMNS = (
 def _offline_budget(settings: Settings) -> str:
     if settings.offline_budget_steps is None:
         return ""
-    return f" ({settings.offline_budget_steps:,} offline; mean score over the shared marks)"
+    return (
+        f" ({settings.offline_budget_steps:,} offline: its CPU s is its whole run's; the mean "
+        "score is over the marks every run has)"
+    )
 
 
 def table_lines(summaries: Sequence[Summary], settings: Settings, cores: int) -> Iterator[str]:
