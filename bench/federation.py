@@ -187,7 +187,8 @@ from fedrl.client.commands.config import TrainConfig
 from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.federation.federation_client import FederationClient
 from fedrl.client.federation.model_spec import model_spec
-from fedrl.client.federation.sync_loop import Share, SyncLoop, check_rounds
+from fedrl.client.federation.sync_loop import Share, SyncLoop
+from fedrl.client.federation.sync_plan import sync_plan
 from fedrl.client.training.engine import EngineConfig, TrainingEngine, available_cores
 from fedrl.client.training.evaluation import Evaluator, Scorer
 from fedrl.client.training.learner import TARGET_AT_ADOPTION, LearnerConfig, TargetAtAdoption
@@ -195,6 +196,7 @@ from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.policy_network import ppo_architecture_name
 from fedrl.client.training.ppo_learner import PPOConfig
 from fedrl.client.training.q_network import architecture_name
+from fedrl.client.training.vector_env import make_vector_env
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.server.launcher import ServerProcess
@@ -275,13 +277,17 @@ class Settings:
     """Q-network hidden widths (the learner's default)."""
     sync_interval: int = _CLIENT.sync_interval
     """Local episodes between syncs (the client's default)."""
-    sync_steps: int = _CLIENT.sync_steps
-    """Env steps between syncs if they come first (the client's default; 0: episodes only)."""
-    round_wait_s: float = _CLIENT.round_wait_s
+    sync_steps: int | None = _CLIENT.sync_steps
+    """Env steps between syncs: a round's length, or asynchronously a bound on top of the
+    episodes (None: the client's, sync_loop.sync_schedule; 0: episodes only)."""
+    round_wait_s: float | None = _CLIENT.round_wait_s
     """Synchronous rounds of `sync_steps` when > 0, each waiting at most this long for its
-    version (the client's default: 0, asynchronous); modes that share no weights ignore it."""
-    delta_dtype: str = _CLIENT.delta_dtype
-    """Wire dtype of weight deltas (the client's default)."""
+    version; 0: asynchronous (None: the client's: rounds wherever weights are shared);
+    modes that share no weights run asynchronously whatever it says."""
+    rounds_from: int = _CLIENT.rounds_from
+    """Active participants from which members sync in rounds (the client's default)."""
+    delta_dtype: str | None = _CLIENT.delta_dtype
+    """Wire dtype of weight deltas (None: the client's: float32 in rounds, else bfloat16)."""
     target_at_adoption: TargetAtAdoption = _CLIENT.target_at_adoption
     """Target network when a global model is adopted (the client's default, "shift")."""
     foreign_credit: float = _EXCHANGE.foreign_credit
@@ -868,6 +874,16 @@ def run_participant(task: ParticipantTask) -> None:
 
 def _sync_loop(task: ParticipantTask, engine: TrainingEngine, state_dir: Path) -> SyncLoop:
     settings = task.settings
+    share = SHARE[task.mode]
+    plan = sync_plan(
+        round_wait_s=0.0 if share == "experience" else settings.round_wait_s,
+        sync_steps=settings.sync_steps,
+        delta_dtype=settings.delta_dtype,
+        rounds_from=settings.rounds_from,
+        sync_interval=settings.sync_interval,
+        share=share,
+        on_policy=engine.on_policy,
+    )
     return SyncLoop(
         engine,
         state_dir=state_dir / "sync",
@@ -875,16 +891,13 @@ def _sync_loop(task: ParticipantTask, engine: TrainingEngine, state_dir: Path) -
         session=SESSION,
         spec=model_spec(settings.env, engine.weights(), architecture(engine.learner.config)),
         channel_factory=lambda: grpc.aio.insecure_channel(task.address),
-        share=SHARE[task.mode],
-        sync_interval=settings.sync_interval,
-        sync_steps=settings.sync_steps,
-        delta_dtype=settings.delta_dtype,
+        share=share,
+        plan=plan,
         evaluate_global=False,
         exchange=ExchangeConfig(
             foreign_credit=settings.foreign_credit, pull_transitions=settings.pull_transitions
         ),
         target_at_adoption=settings.target_at_adoption,
-        round_wait_s=0.0 if SHARE[task.mode] == "experience" else settings.round_wait_s,
     )
 
 
@@ -1563,14 +1576,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--sync-steps",
         type=int,
         default=defaults.sync_steps,
-        help="env steps between syncs if they come first (default: the client's; 0: episodes only)",
+        help="env steps between syncs: a round's length, or asynchronously a bound on top of "
+        "--sync-interval (default: the client's: 128 in rounds, else 0: episodes only)",
     )
     parser.add_argument(
         "--round-wait-s",
         type=float,
         default=defaults.round_wait_s,
         help="synchronous rounds of --sync-steps env steps, each waiting at most this long for "
-        "the version holding its push (default: the client's, 0: asynchronous)",
+        "the version holding its push (default: the client's: 5 where weights are shared, "
+        "from --rounds-from participants; 0: asynchronous)",
+    )
+    parser.add_argument(
+        "--rounds-from",
+        type=int,
+        default=defaults.rounds_from,
+        help="active participants from which members sync in rounds, asynchronously below "
+        "(default: the client's)",
     )
     parser.add_argument(
         "--foreign-credit",
@@ -1594,7 +1616,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--delta-dtype",
         default=defaults.delta_dtype,
         choices=("bfloat16", "float16", "float32"),
-        help="wire dtype of weight deltas (default: the client's)",
+        help="wire dtype of weight deltas (default: the client's: float32 in rounds, else "
+        "bfloat16)",
     )
     parser.add_argument(
         "--envs-per-participant",
@@ -1658,8 +1681,14 @@ def settings_from(args: argparse.Namespace) -> Settings:
         )
     if learner and "ppo" in args.algo:
         raise SystemExit("--learner changes the DQN learner; drop it or --algo ppo")
-    check_rounds(
-        args.round_wait_s, sync_steps=args.sync_steps, share="both", on_policy="ppo" in args.algo
+    sync_plan(
+        round_wait_s=args.round_wait_s,
+        sync_steps=args.sync_steps,
+        delta_dtype=args.delta_dtype,
+        rounds_from=args.rounds_from,
+        sync_interval=args.sync_interval,
+        share="both",
+        on_policy="ppo" in args.algo,
     )
     return Settings(
         env=task.env,
@@ -1672,6 +1701,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         sync_interval=args.sync_interval,
         sync_steps=args.sync_steps,
         round_wait_s=args.round_wait_s,
+        rounds_from=args.rounds_from,
         delta_dtype=args.delta_dtype,
         target_at_adoption=args.target_at_adoption,
         foreign_credit=args.foreign_credit,
@@ -1711,6 +1741,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         return
     settings = settings_from(args)
+    try:
+        # Here, once: a missing extra would otherwise end every participant in a traceback.
+        make_vector_env(settings.env, 1).close()
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     # Scoring plays batches of a few rows: one thread does them 7x faster than
     # two contending for a loaded core (0.08 against 0.57 ms per forward pass).
     torch.set_num_threads(1)

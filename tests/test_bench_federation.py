@@ -404,12 +404,13 @@ def test_the_pull_cap_reaches_the_settings_and_a_cap_below_one_stops_the_bench(
 
 
 def test_synchronous_rounds_reach_the_settings_and_need_sync_steps(bench: ModuleType) -> None:
-    settings = bench.settings_from(bench.parse_args(["--round-wait-s", "5", "--sync-steps", "128"]))
+    settings = bench.settings_from(bench.parse_args(["--round-wait-s", "2", "--sync-steps", "64"]))
 
-    assert (settings.round_wait_s, settings.sync_steps) == (5.0, 128)
-    assert bench.Settings().round_wait_s == 0.0
+    assert (settings.round_wait_s, settings.sync_steps) == (2.0, 64)
+    # Left out, they are the client's: resolved per participant as the CLI resolves them.
+    assert (bench.Settings().round_wait_s, bench.Settings().sync_steps) == (None, None)
     with pytest.raises(ValueError, match="--sync-steps"):
-        bench.settings_from(bench.parse_args(["--round-wait-s", "5"]))
+        bench.settings_from(bench.parse_args(["--round-wait-s", "5", "--sync-steps", "0"]))
     with pytest.raises(ValueError, match="for DQN"):
         bench.settings_from(
             bench.parse_args(["--round-wait-s", "5", "--sync-steps", "128", "--algo", "dqn", "ppo"])

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.vector_env import make_vector_env
 
 SHM = Path("/dev/shm")
 
@@ -91,6 +93,17 @@ def test_adopted_weights_reach_the_learner_and_are_what_it_reports() -> None:
 def test_an_unknown_env_id_fails_before_anything_starts() -> None:
     with pytest.raises(ValueError, match="unknown Gymnasium env id"):
         TrainingEngine(EngineConfig(env="NoSuchEnv-v9", workers=0), SMALL_LEARNER)
+
+
+def test_an_env_whose_packages_are_missing_names_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def missing(*args: object, **kwargs: object) -> None:
+        raise gym.error.DependencyNotInstalled("Box2D is not installed")
+
+    monkeypatch.setattr(gym, "make_vec", missing)
+    with pytest.raises(ValueError, match=r"LunarLander-v3 .*pip install 'fedrl\[box2d\]'"):
+        make_vector_env("LunarLander-v3", 1)
 
 
 def test_bad_engine_settings_are_refused_with_the_setting_named() -> None:

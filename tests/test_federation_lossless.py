@@ -14,6 +14,7 @@ import torch
 from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.sync_loop import SyncLoop
+from fedrl.client.federation.sync_plan import SyncPlan
 from fedrl.client.federation.sync_state import InFlight, NamedArrays
 from fedrl.client.federation.weight_sync import rebase
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
@@ -124,8 +125,7 @@ def test_a_lone_federated_participant_trains_exactly_as_it_would_offline(tmp_pat
             ),
             channel_factory=lambda: grpc.aio.insecure_channel(server.address),
             share="weights",
-            sync_interval=1,
-            delta_dtype="float32",
+            plan=SyncPlan.asynchronous(sync_interval=1, delta_dtype="float32"),
             backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
             on_record=records.append,
         )

@@ -14,6 +14,7 @@ from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.global_scoring import GlobalScoring, VersionScore
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.sync_loop import SyncLoop
+from fedrl.client.federation.sync_plan import SyncPlan
 from fedrl.client.federation.sync_state import NamedArrays
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.evaluation import EvalResult
@@ -128,7 +129,7 @@ def test_adopted_versions_are_scored_and_the_sessions_best_is_a_scored_one(
             spec=model_spec("CartPole-v1", engine.weights(), architecture_name((32, 32), True)),
             channel_factory=lambda: grpc.aio.insecure_channel(server.address),
             share="weights",
-            sync_interval=4,
+            plan=SyncPlan.asynchronous(sync_interval=4),
             backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
             on_record=records.append,
         )

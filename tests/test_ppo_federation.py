@@ -17,6 +17,7 @@ from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.federation.federation_client import FederationClient, SpecMismatchError
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.sync_loop import SyncLoop
+from fedrl.client.federation.sync_plan import SyncPlan
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.networks import NetworkConfig
@@ -47,7 +48,8 @@ def ppo_participant(
         spec=spec,
         channel_factory=lambda: grpc.aio.insecure_channel(address),
         share="weights",
-        sync_interval=1_000,  # PPO pushes per rollout update, not per episodes
+        # PPO pushes per rollout update, not per episodes.
+        plan=SyncPlan.asynchronous(sync_interval=1_000),
         backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
         on_record=records.append if records is not None else None,
     )

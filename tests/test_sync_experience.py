@@ -22,6 +22,7 @@ from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.outbox import Outbox
 from fedrl.client.federation.sync_loop import Share, SyncLoop
+from fedrl.client.federation.sync_plan import SyncPlan
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
@@ -58,7 +59,7 @@ def participant(
         session="default",
         spec=spec,
         channel_factory=lambda: grpc.aio.insecure_channel(address),
-        sync_interval=3,
+        plan=SyncPlan.asynchronous(sync_interval=3),
         evaluate_global=False,
         backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
         share=share,
@@ -201,7 +202,7 @@ def test_every_push_and_adoption_leaves_a_metrics_record(tmp_path: Path) -> None
             session="default",
             spec=model_spec("CartPole-v1", engine.weights(), architecture_name(SMALL.hidden, True)),
             channel_factory=lambda: grpc.aio.insecure_channel(server.address),
-            sync_interval=3,
+            plan=SyncPlan.asynchronous(sync_interval=3),
             evaluate_global=False,
             backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
             share="weights",

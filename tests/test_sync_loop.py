@@ -20,6 +20,7 @@ from fedrl.client.federation.federation_client import build_update
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.outbox import Outbox
 from fedrl.client.federation.sync_loop import SyncLoop
+from fedrl.client.federation.sync_plan import SyncPlan
 from fedrl.client.federation.sync_state import SyncState, load_sync_state, save_sync_state
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
@@ -40,6 +41,9 @@ def make_engine(learner: LearnerConfig = SMALL) -> TrainingEngine:
     )
 
 
+EVERY_5_EPISODES = SyncPlan.asynchronous(sync_interval=5)
+
+
 @contextmanager
 def participant(
     address: str,
@@ -47,7 +51,7 @@ def participant(
     participant_id: str,
     *,
     learner: LearnerConfig = SMALL,
-    sync_interval: int = 5,
+    plan: SyncPlan = EVERY_5_EPISODES,
     **loop_options: Any,
 ) -> Iterator[tuple[TrainingEngine, SyncLoop]]:
     """A started engine and its sync loop (joined if the server answers); both closed after."""
@@ -62,7 +66,7 @@ def participant(
         session="default",
         spec=spec,
         channel_factory=lambda: grpc.aio.insecure_channel(address),
-        sync_interval=sync_interval,
+        plan=plan,
         backoff=FAST_RETRY,
         **loop_options,
     )
@@ -120,7 +124,7 @@ def test_adopting_a_global_model_treats_the_target_network_as_configured(
             server.address,
             tmp_path / "a",
             "alice",
-            sync_interval=2,
+            plan=SyncPlan.asynchronous(sync_interval=2),
             target_at_adoption=policy,
             on_record=lambda record: record["kind"] == "adopt" and adopted.append(networks()),
         ) as (engine, loop),
@@ -161,8 +165,7 @@ def test_env_steps_make_a_sync_due_when_episodes_would_not(tmp_path: Path, sync_
             server.address,
             tmp_path / "a",
             "alice",
-            sync_interval=100_000,
-            sync_steps=sync_steps,
+            plan=SyncPlan.asynchronous(sync_interval=100_000, sync_steps=sync_steps),
             on_record=records.append,
         ) as (engine, loop),
     ):

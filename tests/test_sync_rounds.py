@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fedrl.client.commands.config import TrainConfig
 from fedrl.client.federation.sync_loop import SyncLoop
+from fedrl.client.federation.sync_plan import SyncPlan
 from fedrl.client.federation.sync_state import NamedArrays
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
@@ -61,27 +63,35 @@ def member(
         records=records,
         engine_config=ENGINE,
         learner=SMALL,
-        sync_steps=ROUND_STEPS,
-        round_wait_s=20.0,
-        delta_dtype=delta_dtype,
+        plan=SyncPlan.in_rounds(round_wait_s=20.0, sync_steps=ROUND_STEPS, delta_dtype=delta_dtype),
     )
 
 
-def run_rounds(engine: TrainingEngine, loop: SyncLoop, polls: int, errors: list[Exception]) -> None:
-    """Train `polls` rounds, then push what is left and leave (finish)."""
+def run_rounds(
+    engine: TrainingEngine,
+    loop: SyncLoop,
+    polls: int,
+    errors: list[Exception],
+    in_rounds: list[bool],
+) -> None:
+    """Train `polls` rounds, noting after each whether it synced in rounds, then push what is
+    left and leave (finish)."""
     try:
         for _ in range(polls):
             loop.after_poll(engine.poll())
+            in_rounds.append(loop.in_rounds)
         loop.finish(flush_timeout_s=20.0)
     except Exception as exc:  # reported by the test's thread join
         errors.append(exc)
 
 
-def run_together(*plans: tuple[TrainingEngine, SyncLoop, int]) -> None:
+def run_together(*plans: tuple[TrainingEngine, SyncLoop, int]) -> list[list[bool]]:
+    """Each member's polls on a thread of its own; per member, whether each poll was in rounds."""
     errors: list[Exception] = []
+    in_rounds: list[list[bool]] = [[] for _ in plans]
     threads = [
-        threading.Thread(target=run_rounds, args=(engine, loop, polls, errors))
-        for engine, loop, polls in plans
+        threading.Thread(target=run_rounds, args=(engine, loop, polls, errors, flags))
+        for (engine, loop, polls), flags in zip(plans, in_rounds, strict=True)
     ]
     for thread in threads:
         thread.start()
@@ -89,6 +99,7 @@ def run_together(*plans: tuple[TrainingEngine, SyncLoop, int]) -> None:
         thread.join(timeout=240)
     assert not any(t.is_alive() for t in threads), "a member never finished its rounds"
     assert not errors, errors
+    return in_rounds
 
 
 def versions(server: InProcessServer) -> list[pb.VersionState]:
@@ -187,3 +198,104 @@ def test_a_lone_member_in_rounds_trains_exactly_as_it_would_offline(tmp_path: Pa
     for index, (want, have) in enumerate(zip(expected, got, strict=True)):
         for (name, a), (_, b) in zip(want, have, strict=True):
             np.testing.assert_allclose(b, a, atol=1e-5, err_msg=f"round {index}: {name}")
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_members_move_to_rounds_when_the_session_reaches_the_plans_size(tmp_path: Path) -> None:
+    # prepare: ann and bob sync asynchronously while they are two; rounds from three
+    plan = SyncPlan(
+        alone=SyncPlan.asynchronous(sync_interval=1).alone,
+        rounds=SyncPlan.in_rounds(round_wait_s=20.0, sync_steps=ROUND_STEPS).rounds,
+        rounds_from=3,
+    )
+    records: dict[str, list[dict[str, Any]]] = {"ann": [], "bob": [], "carl": []}
+
+    def join(name: str, seed: int) -> tuple[TrainingEngine, SyncLoop]:
+        return stack.enter_context(
+            participant(
+                server.address,
+                tmp_path / name,
+                name,
+                seed=seed,
+                records=records[name],
+                engine_config=ENGINE,
+                learner=SMALL,
+                plan=plan,
+            )
+        )
+
+    with ExitStack() as stack:
+        server = stack.enter_context(rounds_server(tmp_path))
+        ann, bob = join("ann", 1), join("bob", 2)
+        for _ in range(30):
+            for engine, loop in (ann, bob):
+                loop.after_poll(engine.poll())
+        two = (ann[1].in_rounds, bob[1].in_rounds)
+
+        # act: carl joins, and the three train on together
+        carl = join("carl", 3)
+        in_rounds = run_together((*ann, 40), (*bob, 40), (*carl, 40))
+
+    # assert: asynchronous as two; as three, in rounds once the server's count
+    # of active participants reached each (a version after carl joined), and
+    # none of the rounds late
+    assert two == (False, False)
+    assert [flags[20:30] for flags in in_rounds] == [[True] * 10] * 3, in_rounds
+    assert all(loop.late_rounds == 0 for _, loop in (ann, bob, carl))
+
+
+def test_the_commands_plan_syncs_pairs_asynchronously_and_groups_in_float32_rounds() -> None:
+    plan = TrainConfig().sync_plan()
+
+    assert [plan.mode(n).rounds for n in (0, 1, 2, 3, 4)] == [False, False, False, True, True]
+    alone, rounds = plan.mode(2), plan.mode(3)
+    assert (alone.interval.episodes, alone.interval.env_steps, alone.delta_dtype) == (
+        2,
+        0,
+        "bfloat16",
+    )
+    assert (rounds.interval.episodes, rounds.interval.env_steps) == (0, 128)
+    assert (rounds.round_wait_s, rounds.delta_dtype) == (5.0, "float32")
+
+
+@pytest.mark.parametrize(
+    ("options", "modes"),
+    [
+        ({"share": "experience"}, [(0.0, 2, 0, "bfloat16")] * 2),
+        ({"algo": "ppo"}, [(0.0, 2, 0, "bfloat16")] * 2),
+        ({"round_wait_s": 0.0, "sync_steps": 256}, [(0.0, 2, 256, "bfloat16")] * 2),
+        ({"rounds_from": 1}, [(5.0, 0, 128, "float32")] * 2),
+        ({"sync_steps": 64}, [(0.0, 2, 64, "bfloat16"), (5.0, 0, 64, "float32")]),
+        ({"delta_dtype": "float16"}, [(0.0, 2, 0, "float16"), (5.0, 0, 128, "float16")]),
+        (
+            {"round_wait_s": 2.5, "sync_interval": 4},
+            [(0.0, 4, 0, "bfloat16"), (2.5, 0, 128, "float32")],
+        ),
+    ],
+)
+def test_given_sync_options_stand_and_the_rest_follow_the_group(
+    options: dict[str, Any], modes: list[tuple[float, int, int, str]]
+) -> None:
+    plan = TrainConfig(**options).sync_plan()
+
+    got = [
+        (m.round_wait_s, m.interval.episodes, m.interval.env_steps, m.delta_dtype)
+        for m in (plan.mode(2), plan.mode(4))
+    ]
+    assert got == modes
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"round_wait_s": 5.0, "share": "experience"}, "--share weights or both"),
+        ({"round_wait_s": 5.0, "algo": "ppo"}, "for DQN"),
+        ({"round_wait_s": 5.0, "sync_steps": 0}, "give --sync-steps"),
+        ({"rounds_from": 0}, "rounds_from must be at least 1"),
+    ],
+)
+def test_rounds_asked_for_where_they_cannot_form_are_refused(
+    options: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ValueError, match=named):
+        TrainConfig(**options)

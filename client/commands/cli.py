@@ -217,12 +217,9 @@ def train_federated(config: TrainConfig, ranks: RankGroup | None = None) -> Coun
             spec=run.spec,
             channel_factory=lambda: _channel(config),
             share=config.effective_share,
-            sync_interval=config.sync_interval,
-            sync_steps=config.sync_steps,
-            delta_dtype=config.delta_dtype,
+            plan=config.sync_plan(),
             exchange=config.exchange,
             target_at_adoption=config.target_at_adoption,
-            round_wait_s=config.round_wait_s,
             on_record=lambda record: state.append_metrics([record]),
         )
         run.closes_first(sync)

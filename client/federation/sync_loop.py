@@ -26,7 +26,9 @@ count plus this participant's unpushed episodes reach it): the current
 round finishes, `finish` pushes and queues what is left and flushes the
 outbox (bounded wait), and the caller saves.
 
-Synchronous rounds (`round_wait_s` > 0). Asynchronously a member adopts
+Synchronous rounds (by default while the session has three or more active
+participants: fedrl.client.federation.sync_plan says when, and why).
+Asynchronously a member adopts
 a version at its next sync after the version formed, so its model meets
 the others' only every few syncs, and late: on CartPole's fours that kept
 the group at 1.5-1.8x a lone learner's speed, where averaging every round
@@ -42,7 +44,9 @@ member then starts each round from the same average with the whole
 round's data, as in the simulation. Each round waits for the slowest
 member; one that left stops counting at once (the server drops it from K
 on leave), one that crashed after the server's buffer timeout, and
-nothing waits while the server is unreachable.
+nothing waits while the server is unreachable. A member moves between
+rounds and asynchronous syncs as the count of active participants the
+server last sent it crosses the plan's threshold.
 
 Exploration needs no global schedule: actors use fixed Ape-X rates
 (fedrl.client.training.exploration), not a decay from ε = 1, so a
@@ -69,7 +73,7 @@ from fedrl.client.federation.global_scoring import VersionScore
 from fedrl.client.federation.observation_bounds import ObservationBounds
 from fedrl.client.federation.outbox import Outbox, OutboxLimits
 from fedrl.client.federation.server_link import ServerLink, ServerView
-from fedrl.client.federation.sync_interval import SyncInterval
+from fedrl.client.federation.sync_plan import SyncPlan, check_rounds
 from fedrl.client.federation.sync_state import STATE_FILE
 from fedrl.client.federation.weight_sync import WeightSync
 from fedrl.client.training.engine import PollResult, TrainingEngine
@@ -88,6 +92,7 @@ EXPERIENCE_CURSOR_FILE = "experience_cursor.json"
 _DEFAULT_OUTBOX_LIMITS = OutboxLimits()
 _DEFAULT_EXCHANGE = ExchangeConfig()
 _DEFAULT_BACKOFF = BackoffPolicy()
+_DEFAULT_PLAN = SyncPlan.asynchronous(sync_interval=10)
 
 
 def shares_experience(share: Share) -> bool:
@@ -95,28 +100,6 @@ def shares_experience(share: Share) -> bool:
     if share not in SHARES:
         raise ValueError(f"share must be one of {', '.join(SHARES)}, got {share!r}")
     return share != "weights"
-
-
-def check_rounds(round_wait_s: float, *, sync_steps: int, share: Share, on_policy: bool) -> None:
-    """Refuse synchronous rounds that could not form: ValueError saying why."""
-    if not (round_wait_s >= 0 and math.isfinite(round_wait_s)):
-        raise ValueError(f"round wait must be a finite number of seconds >= 0, got {round_wait_s}")
-    if round_wait_s == 0:
-        return
-    if on_policy:
-        # PPO pushes after every rollout update already; whether waiting for
-        # each version pays there has not been measured, so it is not offered.
-        raise ValueError("synchronous rounds (--round-wait-s) are for DQN")
-    if share == "experience":
-        raise ValueError(
-            "synchronous rounds wait for the global version holding each push: they need "
-            "--share weights or both"
-        )
-    if sync_steps <= 0:
-        raise ValueError(
-            "synchronous rounds are counted in env steps, so that every member pushes at the "
-            "same steps: give --sync-steps (e.g. 128) with --round-wait-s"
-        )
 
 
 class SyncLoop:
@@ -132,30 +115,30 @@ class SyncLoop:
         spec: tpb.ModelSpec,
         channel_factory: Callable[[], grpc.aio.Channel],
         share: Share = "both",
-        sync_interval: int = 10,
-        sync_steps: int = 0,
-        delta_dtype: str = "bfloat16",
+        plan: SyncPlan = _DEFAULT_PLAN,
         evaluate_global: bool = True,
         outbox_limits: OutboxLimits = _DEFAULT_OUTBOX_LIMITS,
         backoff: BackoffPolicy = _DEFAULT_BACKOFF,
         exchange: ExchangeConfig = _DEFAULT_EXCHANGE,
         target_at_adoption: TargetAtAdoption = "shift",
-        round_wait_s: float = 0.0,
         on_record: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         """`exchange` says how experience is traded when `share` includes it (a DQN engine:
         other participants' transitions go into its replay, TrainingEngine.add_foreign).
         `target_at_adoption` is what the learner's target network does when a global model
         is adopted (Learner.set_weights).
-        `sync_interval` (episodes) and `sync_steps` (env steps, 0: none) say when progress
-        is pushed and experience queued, whichever comes first (SyncInterval).
-        `round_wait_s` > 0 syncs in synchronous rounds of `sync_steps` env steps
-        (module docstring; DQN), each waiting at most that long; 0: asynchronous.
+        `plan` says when progress is pushed and experience queued, in synchronous rounds
+        (module docstring; DQN) or asynchronously, as the session's size goes
+        (fedrl.client.federation.sync_plan), and the deltas' wire type.
         `on_record` receives one metrics record per push ("sync") and adoption ("adopt")."""
-        check_rounds(round_wait_s, sync_steps=sync_steps, share=share, on_policy=engine.on_policy)
-        interval = SyncInterval(
-            episodes=0 if round_wait_s > 0 else sync_interval, env_steps=sync_steps
-        )
+        for mode in (plan.alone, plan.rounds):
+            if mode is not None:
+                check_rounds(
+                    mode.round_wait_s,
+                    sync_steps=mode.interval.env_steps,
+                    share=share,
+                    on_policy=engine.on_policy,
+                )
         if not engine.learns and share != "both":
             raise ValueError(
                 "a participant that only acts (--role actor) plays the global model and pushes "
@@ -167,10 +150,10 @@ class SyncLoop:
         self._session = session
         self._spec = spec
         self._channel_factory = channel_factory
-        self._sync_interval = interval
+        self._plan = plan
+        self._mode = plan.mode(0)
         self._outbox_limits = outbox_limits
         self._backoff = backoff
-        self._round_wait_s = round_wait_s
         self._late_rounds = 0
         self._weights: WeightSync | None = None
         if share != "experience":
@@ -180,8 +163,8 @@ class SyncLoop:
                 participant_id=participant_id,
                 session=session,
                 spec_hash=spec_hash(spec),
-                sync_interval=interval,
-                delta_dtype=delta_dtype,
+                sync_interval=self._mode.interval,
+                delta_dtype=self._mode.delta_dtype,
                 evaluate_global=evaluate_global,
                 target_at_adoption=target_at_adoption,
                 on_record=on_record,
@@ -264,7 +247,8 @@ class SyncLoop:
         fatal = self._require_link().fatal
         if fatal is not None:
             raise SyncError(f"federation stopped: {fatal}")
-        if self._round_wait_s > 0 and self._weights is not None:
+        self._follow_the_group()
+        if self._mode.rounds and self._weights is not None:
             self._synchronous_round(result)
             return
         if self._weights is not None:
@@ -279,7 +263,7 @@ class SyncLoop:
         counters = self._engine.counters
         if (
             self._experience is not None
-            and self._sync_interval.due(
+            and self._mode.interval.due(
                 episodes=counters.episodes - self._experience_queued_at,
                 env_steps=counters.env_steps - self._experience_queued_steps,
                 total_env_steps=counters.env_steps,
@@ -288,6 +272,23 @@ class SyncLoop:
             and not self._experience.in_flight()
         ):
             self.queue_experience()
+
+    def _follow_the_group(self) -> None:
+        """Switch between rounds and asynchronous syncs as the session's size crosses the
+        plan's threshold; each member decides from the count the server last sent it."""
+        mode = self._plan.mode(self.view.active_participants)
+        if mode == self._mode:
+            return
+        self._mode = mode
+        if self._weights is not None:
+            self._weights.set_mode(mode.interval, mode.delta_dtype)
+        log.info(
+            "%d active participants: syncing %s",
+            self.view.active_participants,
+            f"in rounds of {mode.interval.env_steps} env steps"
+            if mode.rounds
+            else "asynchronously",
+        )
 
     def _synchronous_round(self, result: PollResult) -> None:
         """Experience out, update out, the round's version and experience in (module docstring)."""
@@ -302,7 +303,7 @@ class SyncLoop:
         # rather than skip a push, which would leave the others waiting.
         time.sleep(weights.pace_left_s())
         connected = self.view.connected
-        deadline = time.monotonic() + self._round_wait_s
+        deadline = time.monotonic() + self._mode.round_wait_s
 
         def left() -> float:
             return max(0.0, deadline - time.monotonic())
@@ -328,7 +329,7 @@ class SyncLoop:
                     "%d synchronous rounds so far ended without the round's version within "
                     "%.1f s (a slow or lost member, or the server); training went on",
                     self._late_rounds,
-                    self._round_wait_s,
+                    self._mode.round_wait_s,
                 )
 
     def push(self) -> int | None:
@@ -362,6 +363,11 @@ class SyncLoop:
     @property
     def base_version(self) -> int:
         return self._weights.base_version if self._weights is not None else -1
+
+    @property
+    def in_rounds(self) -> bool:
+        """Whether it syncs in synchronous rounds now (the plan's mode for the session's size)."""
+        return self._mode.rounds
 
     @property
     def late_rounds(self) -> int:

@@ -257,6 +257,12 @@ class WeightSync:
             self._eval_since_push = result.evaluation.mean
         self._absorb()
 
+    def set_mode(self, sync_interval: SyncInterval, delta_dtype: str) -> None:
+        """Sync on this interval and push deltas of this type from now on (SyncLoop, as the
+        session's size moves between rounds and asynchronous syncs)."""
+        self._sync_interval = sync_interval
+        self._delta_dtype = DELTA_DTYPES[delta_dtype]
+
     def due(self, result: PollResult) -> bool:
         """Whether the sync interval is full (PPO: the round made a rollout update)."""
         if self._engine.on_policy:

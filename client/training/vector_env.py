@@ -76,13 +76,29 @@ def make_vector_env(
     options: dict[str, Any] = {} if data is None else {"data": data}
     if render:
         options["render_mode"] = "rgb_array"
-    env: gym.vector.VectorEnv = gym.make_vec(
-        env_id, num_envs=num_envs, vectorization_mode=mode, **options
-    )
+    try:
+        env: gym.vector.VectorEnv = gym.make_vec(
+            env_id, num_envs=num_envs, vectorization_mode=mode, **options
+        )
+    except gym.error.DependencyNotInstalled as exc:
+        raise ValueError(
+            f"{env_id} needs packages that are not installed: {_install_hint(spec, exc)}"
+        ) from exc
     env_shape(env, continuous=True)
     if window:
         env = WindowedVectorEnv(env, window)
     return env
+
+
+def _install_hint(spec: gym.envs.registration.EnvSpec, exc: Exception) -> str:
+    """What to install. Gymnasium's own advice for Box2D (its box2d extra) brings pygame-ce,
+    which clashes with the pygame fedrl's box2d extra pins; elsewhere its advice stands."""
+    if "box2d" in str(spec.entry_point):
+        return (
+            "install fedrl's box2d extra: pip install 'fedrl[box2d]' "
+            "(in a checkout: pip install -e '.[box2d]')"
+        )
+    return str(exc)
 
 
 def env_shape(env: gym.vector.VectorEnv, *, continuous: bool = False) -> EnvShape:

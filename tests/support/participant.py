@@ -14,6 +14,7 @@ from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.sync_loop import Share, SyncLoop
+from fedrl.client.federation.sync_plan import SyncPlan
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
@@ -42,7 +43,11 @@ def participant(
     default a serial engine of 2 envs."""
     config = engine_config or EngineConfig(workers=0, envs_per_worker=2, eval_interval=0)
     engine = TrainingEngine(dataclasses.replace(config, seed=seed), learner, learn=learn)
-    options: dict[str, Any] = {"sync_interval": 3, "exchange": EXCHANGE, **loop_options}
+    options: dict[str, Any] = {
+        "plan": SyncPlan.asynchronous(sync_interval=3),
+        "exchange": EXCHANGE,
+        **loop_options,
+    }
     loop = SyncLoop(
         engine,
         state_dir=state_dir,
