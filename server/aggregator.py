@@ -163,6 +163,13 @@ class Aggregator:
     def current_version(self) -> int:
         return self._snapshot.version if self._snapshot else -1
 
+    def pushing_participants(self) -> int:
+        """Participants whose last update came within the active window: those an automatic K
+        waits for (a member that crashed drops out when the window passes, one that leaves at
+        once)."""
+        horizon = time.monotonic() - self._settings.active_window_s
+        return sum(1 for at in self._last_push.values() if at >= horizon)
+
     @property
     def pending(self) -> int:
         """Acknowledged updates not yet in a committed version."""

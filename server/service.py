@@ -326,7 +326,7 @@ class FederationServicer(pb_grpc.FederationServicer):
                 await abort(context, exc)
                 return
             closing = self._federation.closing
-            sent: tuple[int, int, bool, int] | None = None
+            sent: tuple[int, int, bool, int, int] | None = None
             while not closing.is_set():
                 changed = session.changed
                 notice = session.notice()
@@ -337,6 +337,7 @@ class FederationServicer(pb_grpc.FederationServicer):
                     notice.goal.total_episodes,
                     notice.goal.reached,
                     notice.active_participants,
+                    notice.pushing_participants,
                 )
                 if key != sent:
                     sent = key

@@ -192,6 +192,7 @@ class Session:
             current_version=self.aggregator.current_version,
             goal=self.goal,
             active_participants=len(self.active),
+            pushing_participants=self.aggregator.pushing_participants(),
         )
 
 

@@ -371,6 +371,28 @@ def test_watch_versions_sends_a_notice_when_a_participant_joins_or_leaves(tmp_pa
     assert {n.current_version for n in (first, joined, left)} == {0}
 
 
+def test_notices_count_the_members_pushing_weights_apart_from_those_joined(
+    tmp_path: Path,
+) -> None:
+    # prepare: alice seeded and bob joined; neither has pushed an update
+    with InProcessServer(server_config(tmp_path / "data", buffer_size=1)) as server:
+        stub = seeded(server, "alice")
+        join(stub, "bob", SPEC)
+        watch = stub.WatchVersions(pb.GetVersionRequest(session="default"))
+        before = next(watch)
+
+        # act: alice pushes (a version: K = 1), then bob
+        push(stub, "alice", SPEC, INITIAL, sequence=1, base_version=0)
+        one = next(watch)
+        push(stub, "bob", SPEC, INITIAL, sequence=1, base_version=1)
+        two = next(watch)
+        watch.cancel()
+
+    # assert: two joined throughout; pushing counts only those heard from
+    assert [n.active_participants for n in (before, one, two)] == [2, 2, 2]
+    assert [n.pushing_participants for n in (before, one, two)] == [0, 1, 2]
+
+
 def test_goal_is_reached_by_reported_episodes_and_can_be_raised(tmp_path: Path) -> None:
     with InProcessServer(server_config(tmp_path / "data", goal_episodes=10)) as server:
         stub = seeded(server, "alice")

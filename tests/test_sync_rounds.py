@@ -237,7 +237,7 @@ def test_members_move_to_rounds_when_the_session_reaches_the_plans_size(tmp_path
         in_rounds = run_together((*ann, 40), (*bob, 40), (*carl, 40))
 
     # assert: asynchronous as two; as three, in rounds once the server's count
-    # of active participants reached each (a version after carl joined), and
+    # of pushing members reached each (a version after carl's first push), and
     # none of the rounds late
     assert two == (False, False)
     assert [flags[20:30] for flags in in_rounds] == [[True] * 10] * 3, in_rounds

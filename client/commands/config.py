@@ -132,11 +132,13 @@ class TrainConfig:
     rounds_from: int = field(
         default=3,
         metadata=doc(
-            "Sync in rounds while the session has at least this many active participants, "
-            "asynchronously (every --sync-interval episodes) while it has fewer. Measured: "
-            "fours in rounds reached the target 9.5x (CartPole) and 4.2x (LunarLander) "
-            "sooner than a lone learner, asynchronously 3.2x and 3.5x; pairs asynchronously "
-            "3.7x and 2.6x, in rounds 3.3x and 1 seed of 5 (README). 1: rounds at any size."
+            "Sync in rounds while at least this many members push weights (the server's "
+            "count of those it heard from within its --active-window-s), asynchronously "
+            "(every --sync-interval episodes) while fewer do. Measured "
+            "against a lone learner: fours in rounds reached the target 9.5x sooner on "
+            "CartPole (asynchronously 3.2x) and 3.5x on LunarLander (the same); pairs "
+            "asynchronously 3.7x and 2.6x, in rounds 3.3x and 1 seed of 5 (README). "
+            "1: rounds at any size."
         ),
     )
     delta_dtype: Literal["bfloat16", "float16", "float32"] | None = field(

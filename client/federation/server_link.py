@@ -64,6 +64,8 @@ class ServerView:
     version: int = -1
     goal: pb.GoalState | None = None
     active_participants: int = 0
+    pushing_participants: int = 0
+    """Members whose updates the server heard lately: the group a synchronous round waits for."""
     acknowledged: int = 0
     """Updates acknowledged during this run."""
     duplicates: int = 0
@@ -340,6 +342,7 @@ class ServerLink:
             version=notice.current_version,
             goal=notice.goal,
             active_participants=notice.active_participants,
+            pushing_participants=notice.pushing_participants,
         )
         for task in self._tasks:
             if task.on_notice:

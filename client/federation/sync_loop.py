@@ -26,8 +26,8 @@ count plus this participant's unpushed episodes reach it): the current
 round finishes, `finish` pushes and queues what is left and flushes the
 outbox (bounded wait), and the caller saves.
 
-Synchronous rounds (by default while the session has three or more active
-participants: fedrl.client.federation.sync_plan says when, and why).
+Synchronous rounds (by default while three or more members push weights:
+fedrl.client.federation.sync_plan says when, and why).
 Asynchronously a member adopts
 a version at its next sync after the version formed, so its model meets
 the others' only every few syncs, and late: on CartPole's fours that kept
@@ -45,8 +45,9 @@ round's data, as in the simulation. Each round waits for the slowest
 member; one that left stops counting at once (the server drops it from K
 on leave), one that crashed after the server's buffer timeout, and
 nothing waits while the server is unreachable. A member moves between
-rounds and asynchronous syncs as the count of active participants the
-server last sent it crosses the plan's threshold.
+rounds and asynchronous syncs as the count of pushing members the server
+last sent it (those whose updates it heard within its active window)
+crosses the plan's threshold.
 
 Exploration needs no global schedule: actors use fixed Ape-X rates
 (fedrl.client.training.exploration), not a decay from ε = 1, so a
@@ -274,17 +275,18 @@ class SyncLoop:
             self.queue_experience()
 
     def _follow_the_group(self) -> None:
-        """Switch between rounds and asynchronous syncs as the session's size crosses the
-        plan's threshold; each member decides from the count the server last sent it."""
-        mode = self._plan.mode(self.view.active_participants)
+        """Switch between rounds and asynchronous syncs as the group crosses the plan's
+        threshold; each member decides from the count of pushing members the server last
+        sent it (fedrl.client.federation.sync_plan)."""
+        mode = self._plan.mode(self.view.pushing_participants)
         if mode == self._mode:
             return
         self._mode = mode
         if self._weights is not None:
             self._weights.set_mode(mode.interval, mode.delta_dtype)
         log.info(
-            "%d active participants: syncing %s",
-            self.view.active_participants,
+            "%d members pushing: syncing %s",
+            self.view.pushing_participants,
             f"in rounds of {mode.interval.env_steps} env steps"
             if mode.rounds
             else "asynchronously",

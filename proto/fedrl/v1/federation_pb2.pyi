@@ -402,16 +402,18 @@ class GetVersionRequest(_message.Message):
     def __init__(self, session: _Optional[str] = ..., participant_id: _Optional[str] = ...) -> None: ...
 
 class VersionNotice(_message.Message):
-    __slots__ = ("session", "current_version", "goal", "active_participants")
+    __slots__ = ("session", "current_version", "goal", "active_participants", "pushing_participants")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     CURRENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     GOAL_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
+    PUSHING_PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
     session: str
     current_version: int
     goal: GoalState
     active_participants: int
-    def __init__(self, session: _Optional[str] = ..., current_version: _Optional[int] = ..., goal: _Optional[_Union[GoalState, _Mapping]] = ..., active_participants: _Optional[int] = ...) -> None: ...
+    pushing_participants: int
+    def __init__(self, session: _Optional[str] = ..., current_version: _Optional[int] = ..., goal: _Optional[_Union[GoalState, _Mapping]] = ..., active_participants: _Optional[int] = ..., pushing_participants: _Optional[int] = ...) -> None: ...
 
 class RaiseGoalRequest(_message.Message):
     __slots__ = ("session", "participant_id", "total_episodes")
