@@ -279,13 +279,12 @@ class Settings:
     """Local episodes between syncs (the client's default)."""
     sync_steps: int | None = _CLIENT.sync_steps
     """Env steps between syncs: a round's length, or asynchronously a bound on top of the
-    episodes (None: the client's, sync_loop.sync_schedule; 0: episodes only)."""
-    round_wait_s: float | None = _CLIENT.round_wait_s
+    episodes (None: the client's: 128 in rounds, else 0, episodes only)."""
+    round_wait_s: float = _CLIENT.round_wait_s
     """Synchronous rounds of `sync_steps` when > 0, each waiting at most this long for its
-    version; 0: asynchronous (None: the client's: rounds wherever weights are shared);
-    modes that share no weights run asynchronously whatever it says."""
+    version (the client's default: 0, asynchronous); modes that share no weights ignore it."""
     rounds_from: int = _CLIENT.rounds_from
-    """Active participants from which members sync in rounds (the client's default)."""
+    """Members pushing weights from which members sync in rounds (the client's default)."""
     delta_dtype: str | None = _CLIENT.delta_dtype
     """Wire dtype of weight deltas (None: the client's: float32 in rounds, else bfloat16)."""
     target_at_adoption: TargetAtAdoption = _CLIENT.target_at_adoption
@@ -1584,15 +1583,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=float,
         default=defaults.round_wait_s,
         help="synchronous rounds of --sync-steps env steps, each waiting at most this long for "
-        "the version holding its push (default: the client's: 5 where weights are shared, "
-        "from --rounds-from participants; 0: asynchronous)",
+        "the version holding its push (default: the client's, 0: asynchronous)",
     )
     parser.add_argument(
         "--rounds-from",
         type=int,
         default=defaults.rounds_from,
-        help="active participants from which members sync in rounds, asynchronously below "
-        "(default: the client's)",
+        help="with --round-wait-s, members pushing weights from which members sync in rounds, "
+        "asynchronously below (default: the client's, 1: rounds at any size)",
     )
     parser.add_argument(
         "--foreign-credit",

@@ -133,6 +133,7 @@ def test_subcommands_attach_to_the_group_and_need_no_training_options() -> None:
     ("options", "named"),
     [
         (["--round-wait-s", "5", "--sync-steps", "0"], "give --sync-steps"),
+        (["--round-wait-s", "5", "--rounds-from", "0"], "rounds_from must be at least 1"),
         (["--round-wait-s", "5", "--sync-steps", "128", "--share", "experience"], "--share"),
         (["--round-wait-s", "-1", "--sync-steps", "128"], "round wait must be"),
         (["--round-wait-s", "nan", "--sync-steps", "128"], "round wait must be"),

@@ -244,18 +244,22 @@ def test_members_move_to_rounds_when_the_session_reaches_the_plans_size(tmp_path
     assert all(loop.late_rounds == 0 for _, loop in (ann, bob, carl))
 
 
-def test_the_commands_plan_syncs_pairs_asynchronously_and_groups_in_float32_rounds() -> None:
-    plan = TrainConfig().sync_plan()
+def test_the_commands_default_is_asynchronous_and_rounds_come_in_float32() -> None:
+    default = TrainConfig().sync_plan()
+    rounds = TrainConfig(round_wait_s=5.0).sync_plan()
+    by_size = TrainConfig(round_wait_s=5.0, rounds_from=3).sync_plan()
 
-    assert [plan.mode(n).rounds for n in (0, 1, 2, 3, 4)] == [False, False, False, True, True]
-    alone, rounds = plan.mode(2), plan.mode(3)
+    assert [default.mode(n).rounds for n in (0, 1, 4)] == [False, False, False]
+    alone = default.mode(4)
     assert (alone.interval.episodes, alone.interval.env_steps, alone.delta_dtype) == (
         2,
         0,
         "bfloat16",
     )
-    assert (rounds.interval.episodes, rounds.interval.env_steps) == (0, 128)
-    assert (rounds.round_wait_s, rounds.delta_dtype) == (5.0, "float32")
+    assert [rounds.mode(n).rounds for n in (0, 1, 4)] == [True, True, True]
+    assert (rounds.mode(0).interval.episodes, rounds.mode(0).interval.env_steps) == (0, 128)
+    assert (rounds.mode(0).round_wait_s, rounds.mode(0).delta_dtype) == (5.0, "float32")
+    assert [by_size.mode(n).rounds for n in (0, 1, 2, 3, 4)] == [False, False, False, True, True]
 
 
 @pytest.mark.parametrize(
@@ -263,17 +267,19 @@ def test_the_commands_plan_syncs_pairs_asynchronously_and_groups_in_float32_roun
     [
         ({"share": "experience"}, [(0.0, 2, 0, "bfloat16")] * 2),
         ({"algo": "ppo"}, [(0.0, 2, 0, "bfloat16")] * 2),
-        ({"round_wait_s": 0.0, "sync_steps": 256}, [(0.0, 2, 256, "bfloat16")] * 2),
-        ({"rounds_from": 1}, [(5.0, 0, 128, "float32")] * 2),
-        ({"sync_steps": 64}, [(0.0, 2, 64, "bfloat16"), (5.0, 0, 64, "float32")]),
-        ({"delta_dtype": "float16"}, [(0.0, 2, 0, "float16"), (5.0, 0, 128, "float16")]),
+        ({"sync_steps": 256}, [(0.0, 2, 256, "bfloat16")] * 2),
+        ({"round_wait_s": 5.0, "sync_steps": 64}, [(5.0, 0, 64, "float32")] * 2),
         (
-            {"round_wait_s": 2.5, "sync_interval": 4},
-            [(0.0, 4, 0, "bfloat16"), (2.5, 0, 128, "float32")],
+            {"round_wait_s": 5.0, "rounds_from": 3, "sync_steps": 64},
+            [(0.0, 2, 64, "bfloat16"), (5.0, 0, 64, "float32")],
+        ),
+        (
+            {"round_wait_s": 2.5, "rounds_from": 3, "delta_dtype": "float16"},
+            [(0.0, 2, 0, "float16"), (2.5, 0, 128, "float16")],
         ),
     ],
 )
-def test_given_sync_options_stand_and_the_rest_follow_the_group(
+def test_given_sync_options_stand_and_the_rest_follow_the_mode(
     options: dict[str, Any], modes: list[tuple[float, int, int, str]]
 ) -> None:
     plan = TrainConfig(**options).sync_plan()

@@ -26,8 +26,8 @@ count plus this participant's unpushed episodes reach it): the current
 round finishes, `finish` pushes and queues what is left and flushes the
 outbox (bounded wait), and the caller saves.
 
-Synchronous rounds (by default while three or more members push weights:
-fedrl.client.federation.sync_plan says when, and why).
+Synchronous rounds (`--round-wait-s`; with `--rounds-from`, only while
+that many members push weights: fedrl.client.federation.sync_plan).
 Asynchronously a member adopts
 a version at its next sync after the version formed, so its model meets
 the others' only every few syncs, and late: on CartPole's fours that kept

@@ -1,25 +1,21 @@
 """How a participant syncs: in synchronous rounds or asynchronously, and its deltas' wire type.
 
-The training command leaves these to the group by default (`sync_plan`):
-a DQN participant that shares weights syncs in synchronous rounds of 128
-env steps, float32 deltas, while at least three members push weights (the
-server's count of members whose updates it heard within its active window:
-actors, experience-only members and members that crashed do not count), and
-asynchronously, every 2 episodes with bfloat16 deltas, while fewer do.
-Measured with bench/federation.py against a lone learner (README, "Rounds
-for groups, asynchronous syncs for pairs"):
+By default a participant syncs asynchronously: every 2 episodes, bfloat16
+deltas. `--round-wait-s S` asks for synchronous rounds (of `--sync-steps`,
+128 unless given, with float32 deltas unless `--delta-dtype` says
+otherwise), at any size of the group, or with `--rounds-from N` only while
+at least N members push weights (the server's count of members whose
+updates it heard within its active window: actors, experience-only
+members and members that went quiet do not count), asynchronously below.
 
-- fours: float32 rounds reached the target 9.5x sooner per participant on
-  CartPole (20 seeds; asynchronously 3.2x, and 2.55x on a member's own
-  model) and 3.5x on LunarLander (5 seeds; asynchronously 3.5x too);
-- pairs: asynchronous syncs reached it 3.7x sooner on CartPole (float32
-  rounds 3.3x) and 2.6x on LunarLander, where float32 rounds solved 1 of 5
-  seeds within the budget.
-
-Three members are unmeasured; they sync in rounds, as the lock-step
-simulation's gain from averaging every round grew with the group
-(bench/federation_sim.py). Given options stand as given: `--round-wait-s 0`
-is asynchronous at any size, `--rounds-from 1` rounds at any size.
+Why rounds are not the default (bench/federation.py, README "Rounds by the
+size of the group (stop 32)"): float32 rounds from the first step took
+CartPole's fours to 9.45x a lone learner's speed over 20 seeds, but pairs
+in rounds did worse than asynchronously on both tasks (LunarLander: 1 of 5
+seeds within the budget), and rounds only from three members, which
+starts every group asynchronously, left CartPole's fours at about the
+asynchronous default's speed (3.40x on seeds 10-19; asynchronously 3.79x
+in another invocation).
 """
 
 from __future__ import annotations
@@ -34,13 +30,8 @@ from fedrl.client.federation.weight_sync import DELTA_DTYPES
 if TYPE_CHECKING:
     from fedrl.client.federation.sync_loop import Share
 
-ROUND_WAIT_S = 5.0
-"""How long a round waits for its version by default: enough for a member some hundreds of
-milliseconds behind, short enough that a crashed one costs a group little."""
 ROUND_STEPS = 128
-"""Env steps per synchronous round by default (a sync per 8 steps of 16 envs)."""
-ROUNDS_FROM = 3
-"""Members pushing weights from which a session's members sync in rounds by default."""
+"""Env steps per synchronous round unless given (a sync per 8 steps of 16 envs)."""
 ROUND_DELTA_DTYPE = "float32"
 """Rounds' default: a round's delta is small, and bfloat16's 8 bits of mantissa cost CartPole's
 fours a quarter of their gain (3.12x instead of 4.17x on seeds 0-9) and LunarLander's fours
@@ -104,7 +95,7 @@ class SyncPlan:
 
 def sync_plan(
     *,
-    round_wait_s: float | None,
+    round_wait_s: float,
     sync_steps: int | None,
     delta_dtype: str | None,
     rounds_from: int,
@@ -112,12 +103,10 @@ def sync_plan(
     share: Share,
     on_policy: bool,
 ) -> SyncPlan:
-    """The plan from a command's options, None where left out (module docstring); ValueError
-    for rounds asked for where they could not form."""
+    """The plan from a command's options, None where left to the mode (module docstring);
+    ValueError for rounds asked for where they could not form."""
     if rounds_from < 1:
         raise ValueError(f"rounds_from must be at least 1, got {rounds_from}")
-    if round_wait_s is None:
-        round_wait_s = 0.0 if on_policy or share == "experience" else ROUND_WAIT_S
     round_steps = ROUND_STEPS if sync_steps is None else sync_steps
     check_rounds(round_wait_s, sync_steps=round_steps, share=share, on_policy=on_policy)
     alone = SyncPlan.asynchronous(
