@@ -188,7 +188,7 @@ from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.federation.federation_client import FederationClient
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.sync_loop import Share, SyncLoop
-from fedrl.client.federation.sync_plan import sync_plan
+from fedrl.client.federation.sync_plan import SyncPlan, sync_plan
 from fedrl.client.training.engine import EngineConfig, TrainingEngine, available_cores
 from fedrl.client.training.evaluation import Evaluator, Scorer
 from fedrl.client.training.learner import TARGET_AT_ADOPTION, LearnerConfig, TargetAtAdoption
@@ -311,6 +311,19 @@ class Settings:
     def marks(self) -> list[int]:
         """Per-participant env steps at which every run is scored."""
         return list(range(self.eval_every, self.budget_steps + 1, self.eval_every))
+
+    def sync_plan(self, share: Share, *, on_policy: bool) -> SyncPlan:
+        """How a participant sharing `share` syncs, resolved as the client's command resolves
+        it; experience-only participants sync asynchronously whatever the settings say."""
+        return sync_plan(
+            round_wait_s=0.0 if share == "experience" else self.round_wait_s,
+            sync_steps=self.sync_steps,
+            delta_dtype=self.delta_dtype,
+            rounds_from=self.rounds_from,
+            sync_interval=self.sync_interval,
+            share=share,
+            on_policy=on_policy,
+        )
 
     def of(self, mode: Mode) -> Settings:
         """The settings a participant of `mode` runs by: the offline reference's own budget."""
@@ -874,15 +887,6 @@ def run_participant(task: ParticipantTask) -> None:
 def _sync_loop(task: ParticipantTask, engine: TrainingEngine, state_dir: Path) -> SyncLoop:
     settings = task.settings
     share = SHARE[task.mode]
-    plan = sync_plan(
-        round_wait_s=0.0 if share == "experience" else settings.round_wait_s,
-        sync_steps=settings.sync_steps,
-        delta_dtype=settings.delta_dtype,
-        rounds_from=settings.rounds_from,
-        sync_interval=settings.sync_interval,
-        share=share,
-        on_policy=engine.on_policy,
-    )
     return SyncLoop(
         engine,
         state_dir=state_dir / "sync",
@@ -891,7 +895,7 @@ def _sync_loop(task: ParticipantTask, engine: TrainingEngine, state_dir: Path) -
         spec=model_spec(settings.env, engine.weights(), architecture(engine.learner.config)),
         channel_factory=lambda: grpc.aio.insecure_channel(task.address),
         share=share,
-        plan=plan,
+        plan=settings.sync_plan(share, on_policy=engine.on_policy),
         evaluate_global=False,
         exchange=ExchangeConfig(
             foreign_credit=settings.foreign_credit, pull_transitions=settings.pull_transitions
@@ -1679,16 +1683,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         )
     if learner and "ppo" in args.algo:
         raise SystemExit("--learner changes the DQN learner; drop it or --algo ppo")
-    sync_plan(
-        round_wait_s=args.round_wait_s,
-        sync_steps=args.sync_steps,
-        delta_dtype=args.delta_dtype,
-        rounds_from=args.rounds_from,
-        sync_interval=args.sync_interval,
-        share="both",
-        on_policy="ppo" in args.algo,
-    )
-    return Settings(
+    settings = Settings(
         env=task.env,
         target=task.target,
         budget_steps=task.budget_steps,
@@ -1709,6 +1704,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         learner=learner,
         even_pace=args.even_pace,
     )
+    settings.sync_plan("both", on_policy="ppo" in args.algo)  # refuses rounds that cannot form
+    return settings
 
 
 def settings_from_json(raw: dict[str, Any]) -> Settings:
