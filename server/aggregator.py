@@ -168,7 +168,8 @@ class Aggregator:
         waits for (a member that crashed drops out when the window passes, one that leaves at
         once)."""
         horizon = time.monotonic() - self._settings.active_window_s
-        return sum(1 for at in self._last_push.values() if at >= horizon)
+        self._last_push = {p: t for p, t in self._last_push.items() if t >= horizon}
+        return len(self._last_push)
 
     @property
     def pending(self) -> int:
@@ -269,9 +270,7 @@ class Aggregator:
         """
         if self._settings.buffer_size:
             return self._settings.buffer_size
-        horizon = time.monotonic() - self._settings.active_window_s
-        self._last_push = {p: t for p, t in self._last_push.items() if t >= horizon}
-        return max(1, len(self._last_push))
+        return max(1, self.pushing_participants())
 
     async def _add(self, update: LoggedUpdate) -> None:
         """Buffer an update and accumulate it now, while the previous version commits."""

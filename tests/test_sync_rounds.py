@@ -260,6 +260,7 @@ def test_the_commands_default_is_asynchronous_and_rounds_come_in_float32() -> No
     assert (rounds.mode(0).interval.episodes, rounds.mode(0).interval.env_steps) == (0, 128)
     assert (rounds.mode(0).round_wait_s, rounds.mode(0).delta_dtype) == (5.0, "float32")
     assert [by_size.mode(n).rounds for n in (0, 1, 2, 3, 4)] == [False, False, False, True, True]
+    assert [p.follows_the_group for p in (default, rounds, by_size)] == [False, False, True]
 
 
 @pytest.mark.parametrize(

@@ -278,7 +278,10 @@ class SyncLoop:
         """Switch between rounds and asynchronous syncs as the group crosses the plan's
         threshold; each member decides from the count of pushing members the server last
         sent it (fedrl.client.federation.sync_plan)."""
-        mode = self._plan.mode(self.view.pushing_participants)
+        if not self._plan.follows_the_group:
+            return
+        pushing = self.view.pushing_participants
+        mode = self._plan.mode(pushing)
         if mode == self._mode:
             return
         self._mode = mode
@@ -286,7 +289,7 @@ class SyncLoop:
             self._weights.set_mode(mode.interval, mode.delta_dtype)
         log.info(
             "%d members pushing: syncing %s",
-            self.view.pushing_participants,
+            pushing,
             f"in rounds of {mode.interval.env_steps} env steps"
             if mode.rounds
             else "asynchronously",

@@ -70,6 +70,11 @@ class SyncPlan:
     rounds: SyncMode | None
     rounds_from: int
 
+    @property
+    def follows_the_group(self) -> bool:
+        """Whether the mode depends on the group's size (else it is `alone` throughout)."""
+        return self.rounds is not None and self.rounds != self.alone
+
     def mode(self, pushing_participants: int) -> SyncMode:
         """The mode while this many members push weights (0: not heard yet)."""
         if self.rounds is not None and pushing_participants >= self.rounds_from:
