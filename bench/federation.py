@@ -285,6 +285,8 @@ class Settings:
     version (the client's default: 0, asynchronous); modes that share no weights ignore it."""
     rounds_from: int = _CLIENT.rounds_from
     """Members pushing weights from which members sync in rounds (the client's default)."""
+    shared_warmup: bool = _CLIENT.shared_warmup
+    """Rounds until each learner starts, for participants sharing both (the client's default)."""
     delta_dtype: str | None = _CLIENT.delta_dtype
     """Wire dtype of weight deltas (None: the client's: float32 in rounds, else bfloat16)."""
     target_at_adoption: TargetAtAdoption = _CLIENT.target_at_adoption
@@ -323,6 +325,7 @@ class Settings:
             sync_interval=self.sync_interval,
             share=share,
             on_policy=on_policy,
+            shared_warmup=self.shared_warmup,
         )
 
     def of(self, mode: Mode) -> Settings:
@@ -1597,6 +1600,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "asynchronously below (default: the client's, 1: rounds at any size)",
     )
     parser.add_argument(
+        "--no-shared-warmup",
+        dest="shared_warmup",
+        action="store_false",
+        default=defaults.shared_warmup,
+        help="sync as the settings say from the first step, not in rounds until each learner "
+        "starts (the client's --no-shared-warmup)",
+    )
+    parser.add_argument(
         "--foreign-credit",
         type=float,
         default=defaults.foreign_credit,
@@ -1695,6 +1706,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         sync_steps=args.sync_steps,
         round_wait_s=args.round_wait_s,
         rounds_from=args.rounds_from,
+        shared_warmup=args.shared_warmup,
         delta_dtype=args.delta_dtype,
         target_at_adoption=args.target_at_adoption,
         foreign_credit=args.foreign_credit,

@@ -137,6 +137,15 @@ class TrainConfig:
             "--active-window-s), asynchronously while fewer do. 1: rounds at any size."
         ),
     )
+    shared_warmup: bool = field(
+        default=True,
+        metadata=doc(
+            "DQN sharing both: sync in rounds (of --sync-steps, 128 unless given) until the "
+            "learner starts, so that the group's experience fills every member's replay to "
+            "learning_starts together instead of each member filling its own at env speed; "
+            "then as --round-wait-s says. Alone it changes nothing."
+        ),
+    )
     delta_dtype: Literal["bfloat16", "float16", "float32"] | None = field(
         default=None,
         metadata=doc(
@@ -294,6 +303,7 @@ class TrainConfig:
             sync_interval=self.sync_interval,
             share=self.effective_share,
             on_policy=self.algo == "ppo",
+            shared_warmup=self.shared_warmup,
         )
 
     @property
@@ -308,6 +318,7 @@ DQN_ONLY = (
     "target_at_adoption",
     "round_wait_s",
     "rounds_from",
+    "shared_warmup",
     *EXCHANGE_FIELDS,
     "n_step",
     "episodic_life",

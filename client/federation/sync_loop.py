@@ -47,7 +47,9 @@ on leave), one that crashed after the server's buffer timeout, and
 nothing waits while the server is unreachable. A member moves between
 rounds and asynchronous syncs as the count of pushing members the server
 last sent it (those whose updates it heard within its active window)
-crosses the plan's threshold.
+crosses the plan's threshold, and syncs in rounds until its learner
+starts whatever the group's size (the plan's warmup), so that the group's
+experience fills every member's replay together.
 
 Exploration needs no global schedule: actors use fixed Ape-X rates
 (fedrl.client.training.exploration), not a decay from ε = 1, so a
@@ -85,6 +87,7 @@ from fedrl.proto.v1 import tensor_pb2 as tpb
 
 log = logging.getLogger(__name__)
 
+SyncModeName = Literal["warmup", "rounds", "async"]
 Share = Literal["weights", "experience", "both"]
 """What a participant shares with its session."""
 SHARES: tuple[Share, ...] = ("weights", "experience", "both")
@@ -132,7 +135,7 @@ class SyncLoop:
         (module docstring; DQN) or asynchronously, as the session's size goes
         (fedrl.client.federation.sync_plan), and the deltas' wire type.
         `on_record` receives one metrics record per push ("sync") and adoption ("adopt")."""
-        for mode in (plan.alone, plan.rounds):
+        for mode in (plan.alone, plan.rounds, plan.warmup):
             if mode is not None:
                 check_rounds(
                     mode.round_wait_s,
@@ -152,7 +155,8 @@ class SyncLoop:
         self._spec = spec
         self._channel_factory = channel_factory
         self._plan = plan
-        self._mode = plan.mode(0)
+        self._warming_up = plan.warmup is not None and engine.learns and not engine.on_policy
+        self._mode = plan.mode(0, learning=not self._warming_up)
         self._outbox_limits = outbox_limits
         self._backoff = backoff
         self._late_rounds = 0
@@ -248,7 +252,7 @@ class SyncLoop:
         fatal = self._require_link().fatal
         if fatal is not None:
             raise SyncError(f"federation stopped: {fatal}")
-        self._follow_the_group()
+        self._choose_mode()
         if self._mode.rounds and self._weights is not None:
             self._synchronous_round(result)
             return
@@ -274,11 +278,16 @@ class SyncLoop:
         ):
             self.queue_experience()
 
-    def _follow_the_group(self) -> None:
-        """Switch between rounds and asynchronous syncs as the group crosses the plan's
-        threshold; each member decides from the count of pushing members the server last
-        sent it (fedrl.client.federation.sync_plan)."""
-        if not self._plan.follows_the_group:
+    def _choose_mode(self) -> None:
+        """Leave the warmup rounds once the learner starts; then switch between rounds and
+        asynchronous syncs as the group crosses the plan's threshold, each member deciding
+        from the count of pushing members the server last sent it
+        (fedrl.client.federation.sync_plan)."""
+        if self._warming_up:
+            if not self._engine.learning_started:
+                return
+            self._warming_up = False
+        elif not self._plan.follows_the_group:
             return
         pushing = self.view.pushing_participants
         mode = self._plan.mode(pushing)
@@ -317,6 +326,10 @@ class SyncLoop:
             self.queue_experience()
             if connected:
                 experience.flush(left())
+        # Rounds count from the first adoption (a push needs a base version): a member that
+        # trained on without one would leave the others' rounds behind.
+        if connected and not weights.await_first_version(left()):
+            return
         sequence = weights.push_when_sent(left() if connected else 0.0)
         if sequence is None or not connected:
             return
@@ -373,6 +386,14 @@ class SyncLoop:
     def in_rounds(self) -> bool:
         """Whether it syncs in synchronous rounds now (the plan's mode for the session's size)."""
         return self._mode.rounds
+
+    @property
+    def sync_mode(self) -> SyncModeName:
+        """How it syncs now, for the progress line: "warmup" (rounds until the learner
+        starts), "rounds" or "async"."""
+        if self._warming_up:
+            return "warmup"
+        return "rounds" if self._mode.rounds else "async"
 
     @property
     def late_rounds(self) -> int:

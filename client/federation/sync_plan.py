@@ -8,6 +8,16 @@ at least N members push weights (the server's count of members whose
 updates it heard within its active window: actors, experience-only
 members and members that went quiet do not count), asynchronously below.
 
+Until its learner starts (its replay holding learning_starts transitions,
+the others' included), a DQN participant sharing both syncs in rounds
+whatever the plan says (the plan's own rounds if it has them; else float32
+rounds of ROUND_STEPS waiting up to WARMUP_ROUND_WAIT_S): shared warmup,
+`--no-shared-warmup` to turn it off. Steps without updates run at env
+speed, far faster than the exchange, so asynchronously each member filled
+its replay by itself; in rounds a group of N fills every member's replay in
+about 1/N of the steps. That was what rounds from three members had lost
+against rounds from the first step (README "Shared warmup").
+
 Why rounds are not the default (bench/federation.py, README "Rounds by the
 size of the group (stop 32)"): float32 rounds from the first step took
 CartPole's fours to 9.45x a lone learner's speed over 20 seeds, but pairs
@@ -21,7 +31,7 @@ in another invocation).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from fedrl.client.federation.sync_interval import SyncInterval
@@ -36,6 +46,9 @@ ROUND_DELTA_DTYPE = "float32"
 """Rounds' default: a round's delta is small, and bfloat16's 8 bits of mantissa cost CartPole's
 fours a quarter of their gain (3.12x instead of 4.17x on seeds 0-9) and LunarLander's fours
 32,000 steps each instead of 20,000 (seeds 0-1)."""
+WARMUP_ROUND_WAIT_S = 5.0
+"""Longest wait for a warmup round's version where the plan has no rounds of its own: the
+server's default buffer timeout, after which a version forms without a silent member."""
 ASYNC_DELTA_DTYPE = "bfloat16"
 """Asynchronous syncs' default: their deltas span many updates, and the measured defaults
 (pairs on both tasks) used it; half the bytes of float32."""
@@ -69,14 +82,30 @@ class SyncPlan:
     alone: SyncMode
     rounds: SyncMode | None
     rounds_from: int
+    warmup: SyncMode | None = None
+    """The mode until the learner starts (its replay reaches learning_starts), whatever the
+    group's size; None: the plan's other modes from the first step (module docstring)."""
 
     @property
     def follows_the_group(self) -> bool:
-        """Whether the mode depends on the group's size (else it is `alone` throughout)."""
+        """Whether the mode depends on the group's size (else it is `alone` after any warmup)."""
         return self.rounds is not None and self.rounds != self.alone
 
-    def mode(self, pushing_participants: int) -> SyncMode:
-        """The mode while this many members push weights (0: not heard yet)."""
+    def with_warmup(self) -> SyncPlan:
+        """This plan with rounds until the learner starts: the plan's rounds if it has them,
+        else rounds of ROUND_STEPS env steps waiting up to WARMUP_ROUND_WAIT_S each."""
+        if self.rounds is not None:
+            warmup = self.rounds
+        else:
+            interval = SyncInterval(episodes=0, env_steps=ROUND_STEPS)
+            warmup = SyncMode(interval, WARMUP_ROUND_WAIT_S, ROUND_DELTA_DTYPE)
+        return replace(self, warmup=warmup)
+
+    def mode(self, pushing_participants: int, *, learning: bool = True) -> SyncMode:
+        """The mode while this many members push weights (0: not heard yet), before or after
+        the learner starts."""
+        if self.warmup is not None and not learning:
+            return self.warmup
         if self.rounds is not None and pushing_participants >= self.rounds_from:
             return self.rounds
         return self.alone
@@ -107,9 +136,35 @@ def sync_plan(
     sync_interval: int,
     share: Share,
     on_policy: bool,
+    shared_warmup: bool,
 ) -> SyncPlan:
     """The plan from a command's options, None where left to the mode (module docstring);
     ValueError for rounds asked for where they could not form."""
+    plan = _plan_after_warmup(
+        round_wait_s=round_wait_s,
+        sync_steps=sync_steps,
+        delta_dtype=delta_dtype,
+        rounds_from=rounds_from,
+        sync_interval=sync_interval,
+        share=share,
+        on_policy=on_policy,
+    )
+    # Weight rounds keep the members in step; experience is what fills the replays.
+    if shared_warmup and share == "both" and not on_policy:
+        return plan.with_warmup()
+    return plan
+
+
+def _plan_after_warmup(
+    *,
+    round_wait_s: float,
+    sync_steps: int | None,
+    delta_dtype: str | None,
+    rounds_from: int,
+    sync_interval: int,
+    share: Share,
+    on_policy: bool,
+) -> SyncPlan:
     if rounds_from < 1:
         raise ValueError(f"rounds_from must be at least 1, got {rounds_from}")
     round_steps = ROUND_STEPS if sync_steps is None else sync_steps

@@ -287,6 +287,14 @@ class WeightSync:
             return None
         return self.push()
 
+    def await_first_version(self, timeout_s: float) -> bool:
+        """Before the first adoption: wait up to `timeout_s` for a global version and adopt
+        it; whether one is adopted now (at once if one already was)."""
+        if self.base_version < 0:
+            self._require_traffic().wait_for_any_version(timeout_s)
+            self._absorb()
+        return self.base_version >= 0
+
     def await_version(self, sequence: int, timeout_s: float) -> bool:
         """Wait until the server's version holding update `sequence` is pulled, and adopt it.
 
@@ -578,6 +586,15 @@ class WeightTraffic:
         """How many updates were handed back so far (the main thread takes them back)."""
         with self._lock:
             return self._given_back
+
+    def wait_for_any_version(self, timeout_s: float) -> bool:
+        """Wait until a pulled version waits for adoption; False if none came in time."""
+
+        def pulled() -> bool:
+            with self._lock:
+                return self._pending is not None
+
+        return self._link.wait_until(pulled, wake=self._wake, timeout_s=timeout_s)
 
     def wait_for_version(self, sequence: int, timeout_s: float) -> bool:
         """Wait until a pulled version holds update `sequence`; False if none did in time.

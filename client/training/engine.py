@@ -355,6 +355,13 @@ class TrainingEngine(Closing):
         return isinstance(self.learner, PPOLearner)
 
     @property
+    def learning_started(self) -> bool:
+        """DQN: whether the learner has begun updating, its replay (foreign transitions
+        included) having reached learning_starts on every rank. False for PPO and for an
+        engine that only acts."""
+        return self._steps_when_ready is not None
+
+    @property
     def replay_size(self) -> int | None:
         """Transitions in the DQN learner's replay; None for PPO, which keeps none."""
         return len(self.learner.replay) if isinstance(self.learner, Learner) else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -92,11 +93,12 @@ CONFIG = ExperienceConfig(
 class Server(InProcessServer):
     """A real server with the experience service, on its own event loop thread."""
 
-    def __init__(self, data_dir: Path, config: ExperienceConfig = CONFIG) -> None:
+    def __init__(self, data_dir: Path, config: ExperienceConfig = CONFIG, **overrides: Any) -> None:
+        """`overrides`: ServerConfig fields other than the defaults (server_config)."""
         registration, exchange = experience_service(data_dir, config)
         # Closed with the server, as `fedrl-server serve` closes it.
         service = dataclasses.replace(registration, close=exchange.close)
-        super().__init__(server_config(data_dir), extra_services=[service])
+        super().__init__(server_config(data_dir, **overrides), extra_services=[service])
         self.data_dir = data_dir
 
     def stubs(self) -> tuple[fed_grpc.FederationStub, pb_grpc.ExperienceExchangeStub]:
