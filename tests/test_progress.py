@@ -22,7 +22,7 @@ from fedrl.client.training.learner import LearnerConfig
 from fedrl.proto.v1 import federation_pb2 as pb
 from tests.support.fake_nvml import fake_nvml
 
-FEDERATED = {"version", "participants", "session_episodes", "session_goal"}
+FEDERATED = {"version", "participants", "sync", "session_episodes", "session_goal"}
 POPULATION = {"generation"}
 """Shown for a member of a population session (tests/test_population_training.py)."""
 GPU = {"gpus"}
@@ -74,7 +74,12 @@ def test_plain_mode_line_carries_every_documented_field_of_a_federated_run() -> 
         active_participants=3,
     )
     # Act: two polls 6 s apart, so rates exist and the second one is due.
-    progress(Counters(episodes=100, env_steps=10_000, updates=5_000), poll_result(loss=0.5), view)
+    progress(
+        Counters(episodes=100, env_steps=10_000, updates=5_000),
+        poll_result(loss=0.5),
+        view,
+        sync_mode="warmup",
+    )
     clock.now += 6.0
     progress(
         Counters(
@@ -86,6 +91,7 @@ def test_plain_mode_line_carries_every_documented_field_of_a_federated_run() -> 
         ),
         poll_result(loss=0.25),
         view,
+        sync_mode="async",
     )
     # Assert
     lines = stream.getvalue().splitlines()
@@ -100,7 +106,7 @@ def test_plain_mode_line_carries_every_documented_field_of_a_federated_run() -> 
     assert fields["best_eval"] == "200.0"
     assert fields["replay_size"] == "4321"
     assert fields["loss"] == "0.2500"
-    assert (fields["version"], fields["participants"]) == ("12", "3")
+    assert (fields["version"], fields["participants"], fields["sync"]) == ("12", "3", "async")
     assert (fields["session_episodes"], fields["session_goal"]) == ("1234", "5000")
 
 

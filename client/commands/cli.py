@@ -238,7 +238,7 @@ def train_federated(config: TrainConfig, ranks: RankGroup | None = None) -> Coun
         def on_poll(result: PollResult) -> None:
             autosave(result)
             sync.after_poll(result)
-            progress(engine.counters, result, sync.view)
+            progress(engine.counters, result, sync.view, sync_mode=sync.sync_mode)
 
         interrupted, failure = _poll_in_session(
             engine,

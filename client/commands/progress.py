@@ -65,6 +65,13 @@ PROGRESS_FIELDS: tuple[ProgressField, ...] = (
     ProgressField("version", "v", "Federated: newest global model version on the server.", 0),
     ProgressField("participants", "peers", "Federated: active participants in the session.", 0),
     ProgressField(
+        "sync",
+        "sync",
+        "Federated: how this participant syncs now: warmup (DQN sharing both: rounds until "
+        "its learner starts), rounds (--round-wait-s) or async.",
+        0,
+    ),
+    ProgressField(
         "session_episodes", "session", "Federated: episodes done by the whole session.", 0
     ),
     ProgressField("session_goal", "goal", "Federated: the session's total-episodes goal.", 0),
@@ -284,6 +291,7 @@ class TrainingProgress:
         result: PollResult,
         view: ServerView | None = None,
         *,
+        sync_mode: str | None = None,
         generation: int | None = None,
     ) -> None:
         now = self._clock()
@@ -308,6 +316,7 @@ class TrainingProgress:
         if view is not None:
             fields["version"] = view.version if view.version >= 0 else None
             fields["participants"] = view.active_participants
+            fields["sync"] = sync_mode
             if view.goal is not None:
                 fields["session_episodes"] = view.goal.episodes_done
                 fields["session_goal"] = view.goal.total_episodes
