@@ -280,9 +280,10 @@ class Settings:
     sync_steps: int | None = _CLIENT.sync_steps
     """Env steps between syncs: a round's length, or asynchronously a bound on top of the
     episodes (None: the client's: 128 in rounds, else 0, episodes only)."""
-    round_wait_s: float = _CLIENT.round_wait_s
+    round_wait_s: float | None = _CLIENT.round_wait_s
     """Synchronous rounds of `sync_steps` when > 0, each waiting at most this long for its
-    version (the client's default: 0, asynchronous); modes that share no weights ignore it."""
+    version; 0: asynchronous; None: the client's default (5 s where rounds can form, from
+    `rounds_from` members on); modes that share no weights ignore it."""
     rounds_from: int = _CLIENT.rounds_from
     """Members pushing weights from which members sync in rounds (the client's default)."""
     shared_warmup: bool = _CLIENT.shared_warmup
@@ -1590,14 +1591,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=float,
         default=defaults.round_wait_s,
         help="synchronous rounds of --sync-steps env steps, each waiting at most this long for "
-        "the version holding its push (default: the client's, 0: asynchronous)",
+        "the version holding its push (default: the client's, 5 s from --rounds-from members "
+        "on; 0: asynchronous at any size)",
     )
     parser.add_argument(
         "--rounds-from",
         type=int,
         default=defaults.rounds_from,
-        help="with --round-wait-s, members pushing weights from which members sync in rounds, "
-        "asynchronously below (default: the client's, 1: rounds at any size)",
+        help="members pushing weights from which members sync in rounds, asynchronously "
+        "below (default: the client's, 3; 1: rounds at any size)",
     )
     parser.add_argument(
         "--no-shared-warmup",

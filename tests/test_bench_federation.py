@@ -407,8 +407,8 @@ def test_synchronous_rounds_reach_the_settings_and_need_sync_steps(bench: Module
     settings = bench.settings_from(bench.parse_args(["--round-wait-s", "2", "--sync-steps", "64"]))
 
     assert (settings.round_wait_s, settings.sync_steps) == (2.0, 64)
-    # Left out, they are the client's: asynchronous, and 128 env steps once in rounds.
-    assert (bench.Settings().round_wait_s, bench.Settings().sync_steps) == (0.0, None)
+    # Left out, they are the client's: 5 s from three members on, rounds of 128 env steps.
+    assert (bench.Settings().round_wait_s, bench.Settings().sync_steps) == (None, None)
     with pytest.raises(ValueError, match="--sync-steps"):
         bench.settings_from(bench.parse_args(["--round-wait-s", "5", "--sync-steps", "0"]))
     with pytest.raises(ValueError, match="for DQN"):

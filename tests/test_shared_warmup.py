@@ -15,7 +15,7 @@ import pytest
 from fedrl.client.commands.config import TrainConfig
 from fedrl.client.federation.sync_loop import SyncLoop
 from fedrl.client.federation.sync_plan import ROUND_STEPS as DEFAULT_ROUND_STEPS
-from fedrl.client.federation.sync_plan import WARMUP_ROUND_WAIT_S, SyncPlan
+from fedrl.client.federation.sync_plan import ROUND_WAIT_S, SyncPlan
 from fedrl.client.federation.sync_state import NamedArrays
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
@@ -177,9 +177,9 @@ def test_the_commands_default_warms_up_in_float32_rounds_of_128_steps() -> None:
     assert plan.warmup is not None
     warmup = plan.warmup
     assert (warmup.interval.episodes, warmup.interval.env_steps) == (0, DEFAULT_ROUND_STEPS)
-    assert (warmup.round_wait_s, warmup.delta_dtype) == (WARMUP_ROUND_WAIT_S, "float32")
+    assert (warmup.round_wait_s, warmup.delta_dtype) == (ROUND_WAIT_S, "float32")
     assert [plan.mode(n, learning=False).rounds for n in (0, 1, 4)] == [True, True, True]
-    assert [plan.mode(n).rounds for n in (0, 1, 4)] == [False, False, False]
+    assert [plan.mode(n).rounds for n in (0, 1, 2)] == [False, False, False]
 
 
 def test_a_plan_with_rounds_warms_up_in_its_own_rounds() -> None:

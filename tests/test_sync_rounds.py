@@ -244,23 +244,24 @@ def test_members_move_to_rounds_when_the_session_reaches_the_plans_size(tmp_path
     assert all(loop.late_rounds == 0 for _, loop in (ann, bob, carl))
 
 
-def test_the_commands_default_is_asynchronous_and_rounds_come_in_float32() -> None:
+def test_the_commands_default_syncs_in_float32_rounds_from_three_members_pushing() -> None:
     default = TrainConfig().sync_plan()
-    rounds = TrainConfig(round_wait_s=5.0).sync_plan()
-    by_size = TrainConfig(round_wait_s=5.0, rounds_from=3).sync_plan()
+    rounds = TrainConfig(rounds_from=1).sync_plan()
+    asynchronous = TrainConfig(round_wait_s=0.0).sync_plan()
 
-    assert [default.mode(n).rounds for n in (0, 1, 4)] == [False, False, False]
-    alone = default.mode(4)
+    assert [default.mode(n).rounds for n in (0, 1, 2, 3, 4)] == [False, False, False, True, True]
+    alone = default.mode(2)
     assert (alone.interval.episodes, alone.interval.env_steps, alone.delta_dtype) == (
         2,
         0,
         "bfloat16",
     )
+    group = default.mode(4)
+    assert (group.interval.episodes, group.interval.env_steps) == (0, 128)
+    assert (group.round_wait_s, group.delta_dtype) == (5.0, "float32")
     assert [rounds.mode(n).rounds for n in (0, 1, 4)] == [True, True, True]
-    assert (rounds.mode(0).interval.episodes, rounds.mode(0).interval.env_steps) == (0, 128)
-    assert (rounds.mode(0).round_wait_s, rounds.mode(0).delta_dtype) == (5.0, "float32")
-    assert [by_size.mode(n).rounds for n in (0, 1, 2, 3, 4)] == [False, False, False, True, True]
-    assert [p.follows_the_group for p in (default, rounds, by_size)] == [False, False, True]
+    assert [asynchronous.mode(n).rounds for n in (0, 1, 4)] == [False, False, False]
+    assert [p.follows_the_group for p in (default, rounds, asynchronous)] == [True, False, False]
 
 
 @pytest.mark.parametrize(
@@ -268,8 +269,9 @@ def test_the_commands_default_is_asynchronous_and_rounds_come_in_float32() -> No
     [
         ({"share": "experience"}, [(0.0, 2, 0, "bfloat16")] * 2),
         ({"algo": "ppo"}, [(0.0, 2, 0, "bfloat16")] * 2),
-        ({"sync_steps": 256}, [(0.0, 2, 256, "bfloat16")] * 2),
-        ({"round_wait_s": 5.0, "sync_steps": 64}, [(5.0, 0, 64, "float32")] * 2),
+        ({"sync_steps": 256}, [(0.0, 2, 256, "bfloat16"), (5.0, 0, 256, "float32")]),
+        ({"round_wait_s": 0.0}, [(0.0, 2, 0, "bfloat16")] * 2),
+        ({"round_wait_s": 5.0, "rounds_from": 1, "sync_steps": 64}, [(5.0, 0, 64, "float32")] * 2),
         (
             {"round_wait_s": 5.0, "rounds_from": 3, "sync_steps": 64},
             [(0.0, 2, 64, "bfloat16"), (5.0, 0, 64, "float32")],

@@ -20,7 +20,7 @@ from typing import Literal
 from fedrl.client.federation.channel import ConnectionSecurity
 from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.federation.sync_loop import Share
-from fedrl.client.federation.sync_plan import SyncPlan, sync_plan
+from fedrl.client.federation.sync_plan import ROUNDS_FROM, SyncPlan, sync_plan
 from fedrl.client.training.engine import EngineConfig
 from fedrl.client.training.learner import LearnerConfig, TargetAtAdoption
 from fedrl.client.training.networks import NetworkConfig
@@ -101,7 +101,8 @@ class TrainConfig:
     sync_interval: int = field(
         default=2,
         metadata=doc(
-            "DQN syncing asynchronously (the default; not in --round-wait-s rounds): episodes "
+            "DQN syncing asynchronously (below --rounds-from members pushing weights, or "
+            "with --round-wait-s 0): episodes "
             "between pushes of this participant's progress to the server (at most one update "
             "is in flight, so a short interval cannot flood the server). PPO pushes after "
             "every rollout update."
@@ -117,24 +118,25 @@ class TrainConfig:
             "0: episodes only)."
         ),
     )
-    round_wait_s: float = field(
-        default=0.0,
+    round_wait_s: float | None = field(
+        default=None,
         metadata=doc(
             "DQN, synchronous rounds: every --sync-steps env steps push, wait up to this "
             "many seconds for the server's version holding that push "
             "(one update from every active member), adopt it and the round's experience, "
             "then train on, so that every member starts each round from the same average. "
-            "Each round waits for the slowest member. On CartPole's fours float32 rounds "
-            "were 2.9x faster than asynchronous syncs, on its and LunarLander's pairs "
-            "slower (README). 0: asynchronous."
+            "Each round waits for the slowest member. Default: 5 s wherever rounds can form "
+            "(DQN sharing weights or both), with --rounds-from 3. 0: asynchronous at any "
+            "size."
         ),
     )
     rounds_from: int = field(
-        default=1,
+        default=ROUNDS_FROM,
         metadata=doc(
-            "With --round-wait-s: sync in rounds only while at least this many members push "
-            "weights (the server's count of those it heard from within its "
-            "--active-window-s), asynchronously while fewer do. 1: rounds at any size."
+            "Sync in rounds only while at least this many members push weights (the "
+            "server's count of those it heard from within its --active-window-s), "
+            "asynchronously while fewer do: on CartPole and LunarLander rounds made fours "
+            "faster and pairs slower (README). 1: rounds at any size."
         ),
     )
     shared_warmup: bool = field(

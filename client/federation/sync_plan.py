@@ -1,31 +1,33 @@
 """How a participant syncs: in synchronous rounds or asynchronously, and its deltas' wire type.
 
-By default a participant syncs asynchronously: every 2 episodes, bfloat16
-deltas. `--round-wait-s S` asks for synchronous rounds (of `--sync-steps`,
-128 unless given, with float32 deltas unless `--delta-dtype` says
-otherwise), at any size of the group, or with `--rounds-from N` only while
-at least N members push weights (the server's count of members whose
-updates it heard within its active window: actors, experience-only
-members and members that went quiet do not count), asynchronously below.
+By default a DQN participant pushing weights syncs asynchronously (every 2
+episodes, bfloat16 deltas) while fewer than three members push weights,
+and in synchronous rounds (of `--sync-steps`, 128 unless given, float32
+deltas unless `--delta-dtype` says otherwise, each waiting up to 5 s for
+its version) from three on: the server's count of members whose updates it
+heard within its active window (actors, experience-only members and
+members that went quiet do not count). `--rounds-from N` moves the
+threshold (1: rounds at any size), `--round-wait-s` the wait (0:
+asynchronous at any size). Experience-only and PPO participants sync
+asynchronously.
 
 Until its learner starts (its replay holding learning_starts transitions,
 the others' included), a DQN participant sharing both syncs in rounds
-whatever the plan says (the plan's own rounds if it has them; else float32
-rounds of ROUND_STEPS waiting up to WARMUP_ROUND_WAIT_S): shared warmup,
+whatever the group's size (the plan's own rounds if it has them; else
+float32 rounds of ROUND_STEPS waiting up to ROUND_WAIT_S): shared warmup,
 `--no-shared-warmup` to turn it off. Steps without updates run at env
 speed, far faster than the exchange, so asynchronously each member filled
 its replay by itself; in rounds a group of N fills every member's replay in
 about 1/N of the steps. That was what rounds from three members had lost
-against rounds from the first step (README "Shared warmup").
+against rounds from the first step.
 
-Why rounds are not the default (bench/federation.py, README "Rounds by the
-size of the group (stop 32)"): float32 rounds from the first step took
-CartPole's fours to 9.45x a lone learner's speed over 20 seeds, but pairs
-in rounds did worse than asynchronously on both tasks (LunarLander: 1 of 5
-seeds within the budget), and rounds only from three members, which
-starts every group asynchronously, left CartPole's fours at about the
-asynchronous default's speed (3.40x on seeds 10-19; asynchronously 3.79x
-in another invocation).
+Why rounds by size (bench/federation.py, README "Shared warmup (stop
+33)"): with the warmup, fours in rounds reached CartPole's 475 at a median
+1,875 env steps each over seeds 10-19 (15.4x a lone learner; asynchronous
+fours about 3.8x) and LunarLander's 100 at 20,000 over seeds 0-4 (4.2x);
+pairs in rounds had done worse than asynchronously on LunarLander (1 of 5
+seeds within 48,000 steps, against 4 of 5 at 32,000-36,000), so pairs stay
+asynchronous.
 """
 
 from __future__ import annotations
@@ -46,9 +48,11 @@ ROUND_DELTA_DTYPE = "float32"
 """Rounds' default: a round's delta is small, and bfloat16's 8 bits of mantissa cost CartPole's
 fours a quarter of their gain (3.12x instead of 4.17x on seeds 0-9) and LunarLander's fours
 32,000 steps each instead of 20,000 (seeds 0-1)."""
-WARMUP_ROUND_WAIT_S = 5.0
-"""Longest wait for a warmup round's version where the plan has no rounds of its own: the
-server's default buffer timeout, after which a version forms without a silent member."""
+ROUND_WAIT_S = 5.0
+"""Longest wait for a round's version unless given (warmup rounds included): the server's
+default buffer timeout, after which a version forms without a silent member."""
+ROUNDS_FROM = 3
+"""Members pushing weights from which a group syncs in rounds unless given (module docstring)."""
 ASYNC_DELTA_DTYPE = "bfloat16"
 """Asynchronous syncs' default: their deltas span many updates, and the measured defaults
 (pairs on both tasks) used it; half the bytes of float32."""
@@ -93,12 +97,12 @@ class SyncPlan:
 
     def with_warmup(self) -> SyncPlan:
         """This plan with rounds until the learner starts: the plan's rounds if it has them,
-        else rounds of ROUND_STEPS env steps waiting up to WARMUP_ROUND_WAIT_S each."""
+        else rounds of ROUND_STEPS env steps waiting up to ROUND_WAIT_S each."""
         if self.rounds is not None:
             warmup = self.rounds
         else:
             interval = SyncInterval(episodes=0, env_steps=ROUND_STEPS)
-            warmup = SyncMode(interval, WARMUP_ROUND_WAIT_S, ROUND_DELTA_DTYPE)
+            warmup = SyncMode(interval, ROUND_WAIT_S, ROUND_DELTA_DTYPE)
         return replace(self, warmup=warmup)
 
     def mode(self, pushing_participants: int, *, learning: bool = True) -> SyncMode:
@@ -129,7 +133,7 @@ class SyncPlan:
 
 def sync_plan(
     *,
-    round_wait_s: float,
+    round_wait_s: float | None,
     sync_steps: int | None,
     delta_dtype: str | None,
     rounds_from: int,
@@ -138,8 +142,11 @@ def sync_plan(
     on_policy: bool,
     shared_warmup: bool,
 ) -> SyncPlan:
-    """The plan from a command's options, None where left to the mode (module docstring);
-    ValueError for rounds asked for where they could not form."""
+    """The plan from a command's options, None where left to the defaults (module
+    docstring); ValueError for rounds asked for where they could not form."""
+    if round_wait_s is None:
+        # Rounds by default wherever they can form: DQN pushing weights.
+        round_wait_s = ROUND_WAIT_S if share != "experience" and not on_policy else 0.0
     plan = _plan_after_warmup(
         round_wait_s=round_wait_s,
         sync_steps=sync_steps,
