@@ -21,7 +21,7 @@ from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import Learner, LearnerConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.proto.v1 import federation_pb2 as pb
-from tests.support.offline import offline_weights
+from tests.support.offline import assert_same_weights, offline_weights
 from tests.support.server_harness import InProcessServer, server_config
 
 SMALL = LearnerConfig(
@@ -152,6 +152,4 @@ def test_a_lone_federated_participant_trains_exactly_as_it_would_offline(tmp_pat
     assert status.sessions[0].current_version >= 10
     assert len(adopted) >= 10
     assert all(r["change_norm"] < 1e-5 for r in adopted), [r["change_norm"] for r in adopted]
-    for round_index, (want, have) in enumerate(zip(expected, got, strict=True)):
-        for (name, a), (_, b) in zip(want, have, strict=True):
-            np.testing.assert_allclose(b, a, atol=1e-5, err_msg=f"round {round_index}: {name}")
+    assert_same_weights(expected, got)

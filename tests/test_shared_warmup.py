@@ -9,7 +9,6 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from fedrl.client.commands.config import TrainConfig
@@ -20,7 +19,7 @@ from fedrl.client.federation.sync_state import NamedArrays
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
 from tests.support.experience import Server
-from tests.support.offline import offline_weights
+from tests.support.offline import assert_same_weights, offline_weights
 from tests.support.participant import participant
 from tests.test_sync_rounds import ENGINE, ROUND_STEPS, rounds_server, versions
 
@@ -166,9 +165,7 @@ def test_a_lone_member_warming_up_trains_exactly_as_it_would_offline(tmp_path: P
     assert modes[0] == "warmup" and modes[-1] == "async", modes
     adopted = [r for r in records if r["kind"] == "adopt"]
     assert adopted and all(r["change_norm"] < 1e-5 for r in adopted)
-    for index, (want, have) in enumerate(zip(expected, got, strict=True)):
-        for (name, a), (_, b) in zip(want, have, strict=True):
-            np.testing.assert_allclose(b, a, atol=1e-5, err_msg=f"poll {index}: {name}")
+    assert_same_weights(expected, got)
 
 
 def test_the_commands_default_warms_up_in_float32_rounds_of_128_steps() -> None:

@@ -8,7 +8,6 @@ from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from fedrl.client.commands.config import TrainConfig
@@ -18,7 +17,7 @@ from fedrl.client.federation.sync_state import NamedArrays
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
 from fedrl.proto.v1 import federation_pb2 as pb
-from tests.support.offline import offline_weights
+from tests.support.offline import assert_same_weights, offline_weights
 from tests.support.participant import participant
 from tests.support.server_harness import InProcessServer, server_config
 
@@ -195,9 +194,7 @@ def test_a_lone_member_in_rounds_trains_exactly_as_it_would_offline(tmp_path: Pa
     assert len(adopted) >= rounds - 5
     assert loop.late_rounds == 0
     assert all(r["change_norm"] < 1e-5 for r in adopted)
-    for index, (want, have) in enumerate(zip(expected, got, strict=True)):
-        for (name, a), (_, b) in zip(want, have, strict=True):
-            np.testing.assert_allclose(b, a, atol=1e-5, err_msg=f"round {index}: {name}")
+    assert_same_weights(expected, got)
 
 
 @pytest.mark.usefixtures("one_torch_thread")

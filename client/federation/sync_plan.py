@@ -147,50 +147,30 @@ def sync_plan(
     if round_wait_s is None:
         # Rounds by default wherever they can form: DQN pushing weights.
         round_wait_s = ROUND_WAIT_S if share != "experience" and not on_policy else 0.0
-    plan = _plan_after_warmup(
-        round_wait_s=round_wait_s,
-        sync_steps=sync_steps,
-        delta_dtype=delta_dtype,
-        rounds_from=rounds_from,
-        sync_interval=sync_interval,
-        share=share,
-        on_policy=on_policy,
-    )
-    # Weight rounds keep the members in step; experience is what fills the replays.
-    if shared_warmup and share == "both" and not on_policy:
-        return plan.with_warmup()
-    return plan
-
-
-def _plan_after_warmup(
-    *,
-    round_wait_s: float,
-    sync_steps: int | None,
-    delta_dtype: str | None,
-    rounds_from: int,
-    sync_interval: int,
-    share: Share,
-    on_policy: bool,
-) -> SyncPlan:
     if rounds_from < 1:
         raise ValueError(f"rounds_from must be at least 1, got {rounds_from}")
     round_steps = ROUND_STEPS if sync_steps is None else sync_steps
     check_rounds(round_wait_s, sync_steps=round_steps, share=share, on_policy=on_policy)
-    alone = SyncPlan.asynchronous(
+    plan = SyncPlan.asynchronous(
         sync_interval=sync_interval,
         sync_steps=sync_steps or 0,
         delta_dtype=delta_dtype or ASYNC_DELTA_DTYPE,
     )
-    if round_wait_s == 0:
-        return alone
-    rounds = SyncPlan.in_rounds(
-        round_wait_s=round_wait_s,
-        sync_steps=round_steps,
-        delta_dtype=delta_dtype or ROUND_DELTA_DTYPE,
-    )
-    if rounds_from == 1:
-        return rounds
-    return SyncPlan(alone=alone.alone, rounds=rounds.rounds, rounds_from=rounds_from)
+    if round_wait_s > 0:
+        rounds = SyncPlan.in_rounds(
+            round_wait_s=round_wait_s,
+            sync_steps=round_steps,
+            delta_dtype=delta_dtype or ROUND_DELTA_DTYPE,
+        )
+        plan = (
+            rounds
+            if rounds_from == 1
+            else replace(rounds, alone=plan.alone, rounds_from=rounds_from)
+        )
+    # Weight rounds keep the members in step; experience is what fills the replays.
+    if shared_warmup and share == "both" and not on_policy:
+        return plan.with_warmup()
+    return plan
 
 
 def check_rounds(round_wait_s: float, *, sync_steps: int, share: Share, on_policy: bool) -> None:

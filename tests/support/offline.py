@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from fedrl.client.federation.sync_state import NamedArrays
 from fedrl.client.training.engine import EngineConfig, TrainingEngine
 from fedrl.client.training.learner import LearnerConfig
@@ -19,3 +21,10 @@ def offline_weights(config: EngineConfig, learner: LearnerConfig, rounds: int) -
         return out
     finally:
         engine.close()
+
+
+def assert_same_weights(expected: list[NamedArrays], got: list[NamedArrays]) -> None:
+    """Round by round, every tensor within float rounding of the reference's."""
+    for index, (want, have) in enumerate(zip(expected, got, strict=True)):
+        for (name, a), (_, b) in zip(want, have, strict=True):
+            np.testing.assert_allclose(b, a, atol=1e-5, err_msg=f"round {index}: {name}")
