@@ -21,7 +21,7 @@ from fedrl.client.training.learner import LearnerConfig
 from tests.support.experience import Server
 from tests.support.offline import assert_same_weights, offline_weights
 from tests.support.participant import participant
-from tests.test_sync_rounds import ENGINE, ROUND_STEPS, rounds_server, versions
+from tests.test_sync_rounds import ENGINE, ROUND_STEPS, ROUNDS_SERVER, rounds_server, versions
 
 LEARNING_STARTS = 256
 """Eight polls of a serial engine (32 env steps a poll) to fill a replay alone."""
@@ -41,13 +41,7 @@ WARMUP_THEN_ASYNC = dataclasses.replace(
 
 def exchange_server(tmp_path: Path) -> Server:
     """rounds_server's settings, with the experience service."""
-    return Server(
-        tmp_path / "server",
-        buffer_timeout_s=60.0,
-        global_eval_interval=0,
-        push_rate_per_s=1000.0,
-        push_burst=1000,
-    )
+    return Server(tmp_path / "server", **ROUNDS_SERVER)
 
 
 @dataclasses.dataclass

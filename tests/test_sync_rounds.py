@@ -30,18 +30,18 @@ nearly every round."""
 ROUND_STEPS = 32
 
 
+ROUNDS_SERVER: dict[str, Any] = {
+    "buffer_timeout_s": 60.0,
+    "global_eval_interval": 0,
+    "push_rate_per_s": 1000.0,
+    "push_burst": 1000,
+}
+"""Server settings for rounds: a buffer timeout far beyond the tests' rounds, so a version
+made of fewer than every member's push could only come from the automatic K itself."""
+
+
 def rounds_server(tmp_path: Path) -> InProcessServer:
-    # A buffer timeout far beyond the test's rounds: a version made of fewer
-    # than every member's push could only come from the automatic K itself.
-    return InProcessServer(
-        server_config(
-            tmp_path / "server",
-            buffer_timeout_s=60.0,
-            global_eval_interval=0,
-            push_rate_per_s=1000.0,
-            push_burst=1000,
-        )
-    )
+    return InProcessServer(server_config(tmp_path / "server", **ROUNDS_SERVER))
 
 
 def member(
