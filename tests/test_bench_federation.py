@@ -203,6 +203,32 @@ def test_a_lone_federated_participant_is_compared_with_offline(bench: ModuleType
     assert both.steps_vs_reference == pytest.approx(600 / 500)
 
 
+def test_a_lone_participant_is_held_to_what_offline_reached_within_its_own_budget(
+    bench: ModuleType,
+) -> None:
+    # prepare: offline runs 8 marks and reaches 475 on seed 0 at 200 steps, on seed 1 only
+    # at 600; the lone participant runs 4 marks, as the groups do, and matches it.
+    results = [
+        run(bench, "offline", 1, 0, [0.0, 500.0, 500.0, 0.0, 0.0, 0.0, 0.0, 0.0]),
+        run(bench, "offline", 1, 1, [0.0] * 5 + [500.0] * 3),
+        run(bench, "both", 1, 0, [0.0, 500.0, 500.0, 0.0]),
+        run(bench, "both", 1, 1, [0.0] * 4),
+        run(bench, "both", 2, 0, [500.0] * 4),
+        run(bench, "both", 2, 1, [500.0] * 4),
+    ]
+
+    # act
+    summaries = {s.configuration.key: s for s in bench.summarise(results, cores=2)}
+
+    # assert: within 400 steps offline solved 1 of 2, as the lone participant did; the
+    # pair is measured against offline's whole runs (median 400).
+    alone, pair = summaries["dqn both N=1"], summaries["dqn both N=2"]
+    assert (alone.solved, alone.reference_solved) == (1, 1)
+    assert alone.steps is None and alone.speedup is None
+    assert summaries["dqn offline N=1"].solved == 2
+    assert (pair.reference_solved, pair.speedup) == (2, 4.0)
+
+
 def test_wall_clock_is_compared_only_where_each_participant_had_a_core(
     bench: ModuleType,
 ) -> None:
@@ -447,6 +473,50 @@ def test_a_longer_offline_reference_sets_the_speedup_and_scores_over_the_shared_
     assert summaries["dqn both N=2"].speedup == 4.0
     assert summaries["dqn offline N=1"].mean_return == 100.0
     assert summaries["dqn both N=2"].mean_return == (100.0 + 480.0 + 490.0 + 500.0) / 4
+
+
+def test_a_group_meets_the_target_at_offlines_median_over_point_eight_n(
+    bench: ModuleType,
+) -> None:
+    # prepare: offline's median is 1,600 steps, so a pair's target is 1,000 steps each;
+    # one pair reaches 475 at 1,000 (met), another at 1,100 (missed), 11 marks each.
+    low, high = 0.0, 500.0
+    offline = run(bench, "offline", 1, 0, [low] * 15 + [high, high])
+    met = run(bench, "both", 2, 0, [low] * 9 + [high, high])
+    missed = run(bench, "both", 4, 0, [low] * 10 + [high, high])
+
+    # act
+    summaries = {s.configuration.key: s for s in bench.summarise([offline, met, missed], 2)}
+
+    # assert
+    pair, four = summaries["dqn both N=2"], summaries["dqn both N=4"]
+    assert (pair.target_steps, pair.verdict, pair.own_verdict) == (1000.0, "met", "met")
+    assert (four.target_steps, four.verdict) == (500.0, "missed")
+    assert summaries["dqn offline N=1"].verdict is None
+    assert (
+        bench.verdict_line(pair) == "target 1,000 steps each: global met; participant 0's own met"
+    )
+
+
+def test_an_unsolved_median_within_a_budget_short_of_the_target_decides_nothing(
+    bench: ModuleType,
+) -> None:
+    # prepare: offline's median is 1,600 steps, so the target is 1,000 steps each for a
+    # pair and 500 for a four. A pair's run of 900 steps cannot show a seed reached at
+    # 1,000 (confirmed at 1,100); a four's of 600 steps can show one reached at 500.
+    offline = run(bench, "offline", 1, 0, [0.0] * 15 + [500.0, 500.0])
+    short = run(bench, "both", 2, 0, [0.0] * 9)
+    long_enough = run(bench, "both", 4, 0, [0.0] * 6)
+
+    # act
+    summaries = {s.configuration.key: s for s in bench.summarise([offline, short, long_enough], 2)}
+
+    # assert
+    pair, four = summaries["dqn both N=2"], summaries["dqn both N=4"]
+    assert (pair.budget, pair.mark_every, pair.verdict) == (900, 100, "undecided")
+    assert "run with --budget 1100" in bench.verdict_line(pair)
+    assert bench.target_verdict(None, 1000.0, 1_100, 100) == "missed"
+    assert four.verdict == "missed"
 
 
 def test_an_offline_run_of_its_own_budget_is_scored_at_its_own_marks(
