@@ -271,6 +271,13 @@ def run(arrangement: Arrangement, seed: int, settings: SimSettings) -> SimRun:
                 scoring_start = time.process_time()
                 returns.append(scorer.score(model).mean)
                 scoring_cpu += time.process_time() - scoring_start
+                # A lone LunarLander four runs for minutes: show each score as it comes.
+                print(
+                    f"  {arrangement} seed {seed}: {next_mark:,} steps/participant, "
+                    f"score {returns[-1]:.0f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 next_mark = next(marks, None)
         # Training's CPU only, as bench/federation.py counts it: scoring is the bench's.
         cpu = (time.process_time() - cpu_start - scoring_cpu) / (n * per_participant)
