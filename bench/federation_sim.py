@@ -271,7 +271,7 @@ def run(arrangement: Arrangement, seed: int, settings: SimSettings) -> SimRun:
                 scoring_start = time.process_time()
                 returns.append(scorer.score(model).mean)
                 scoring_cpu += time.process_time() - scoring_start
-                # A lone LunarLander four runs for minutes: show each score as it comes.
+                # A LunarLander four runs for minutes a seed: show each score as it comes.
                 print(
                     f"  {arrangement} seed {seed}: {next_mark:,} steps/participant, "
                     f"score {returns[-1]:.0f}",
