@@ -309,6 +309,8 @@ class Settings:
     """Replay-ratio credit of a received transition, as a share of a local step's."""
     pull_transitions: int = _EXCHANGE.pull_transitions
     """Most of the others' transitions a participant pulls per sync (the client's default)."""
+    credit_at_own_pace: bool = _EXCHANGE.credit_at_own_pace
+    """Credit for a sender's transitions up to the receiver's own count (the client's default)."""
     buffer_size: int | None = None
     """Updates per global version (K); None: the server's default (automatic, K = N)."""
     server_lr: float | None = None
@@ -983,7 +985,9 @@ def _sync_loop(task: ParticipantTask, engine: TrainingEngine, state_dir: Path) -
         plan=settings.sync_plan(share, on_policy=engine.on_policy),
         evaluate_global=False,
         exchange=ExchangeConfig(
-            foreign_credit=settings.foreign_credit, pull_transitions=settings.pull_transitions
+            foreign_credit=settings.foreign_credit,
+            pull_transitions=settings.pull_transitions,
+            credit_at_own_pace=settings.credit_at_own_pace,
         ),
         target_at_adoption=settings.target_at_adoption,
     )
@@ -1732,6 +1736,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="most of the others' transitions pulled per sync (default: the client's)",
     )
     parser.add_argument(
+        "--no-credit-at-own-pace",
+        dest="credit_at_own_pace",
+        action="store_false",
+        default=defaults.credit_at_own_pace,
+        help="every received transition earns --foreign-credit, however far its sender ran "
+        "ahead (the client's --no-credit-at-own-pace)",
+    )
+    parser.add_argument(
         "--target-at-adoption",
         default=defaults.target_at_adoption,
         choices=TARGET_AT_ADOPTION,
@@ -1823,6 +1835,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         target_at_adoption=args.target_at_adoption,
         foreign_credit=args.foreign_credit,
         pull_transitions=args.pull_transitions,
+        credit_at_own_pace=args.credit_at_own_pace,
         buffer_size=args.buffer_size,
         server_lr=args.server_lr,
         learner=learner,

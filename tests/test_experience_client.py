@@ -20,6 +20,7 @@ from fedrl.client.federation.experience_cursor import CursorFile
 from fedrl.client.federation.experience_sync import (
     ExchangeConfig,
     ExperienceSync,
+    PacedCredit,
     UnsentTransitions,
 )
 from fedrl.client.federation.outbox import Entry, Outbox
@@ -265,9 +266,13 @@ async def _send(address: str, outbox: Outbox) -> int:
         return await client.send_pending(outbox)
 
 
-def _sync(root: Path, pid: str, gamma: float = GAMMA) -> ExperienceSync:
+def _sync(
+    root: Path, pid: str, gamma: float = GAMMA, *, credit_at_own_pace: bool = True
+) -> ExperienceSync:
     return ExperienceSync(
-        ExchangeConfig(push_transitions=64, pull_transitions=1000),
+        ExchangeConfig(
+            push_transitions=64, pull_transitions=1000, credit_at_own_pace=credit_at_own_pace
+        ),
         obs_shape=OBS,
         n_step=1,
         gamma=gamma,
@@ -313,6 +318,65 @@ def test_experience_sync_moves_recent_transitions_into_the_others_foreign_replay
     assert (added, again) == (64, 0)
     assert engine.foreign_received == 64 and len(engine.learner.replay) == 64
     assert CursorFile(tmp_path / "bob" / "experience_cursor.json").load() == 1
+
+
+def test_paced_credit_grants_each_sender_no_more_than_the_own_rows_so_far() -> None:
+    paced = PacedCredit()
+    paced.collected(100)
+
+    first = paced.grant("alice", 64)
+    second = paced.grant("alice", 64)
+    other = paced.grant("carol", 64)
+    paced.collected(50)
+    later = paced.grant("alice", 64)
+
+    assert (first, second, other, later) == (64, 36, 64, 50)
+
+
+def test_a_sender_ahead_of_the_receiver_earns_credit_only_up_to_its_pace(
+    tmp_path: Path,
+    experience_server: Server,
+) -> None:
+    # Bob has collected 16 rows of his own when 64 of Alice's arrive: paced,
+    # 16 of them earn the credit; unpaced, all 64. Two engines on one seed
+    # differ only in that, as in the credit test above.
+    federation, _ = experience_server.stubs()
+    for pid in ("alice", "paced", "unpaced"):
+        join(federation, pid, cartpole_spec())
+    alice = _sync(tmp_path, "alice")
+    paced = _sync(tmp_path, "paced")
+    unpaced = _sync(tmp_path, "unpaced", credit_at_own_pace=False)
+    alice_outbox = Outbox(tmp_path / "a-out")
+    alice.record(_transitions(64))
+    alice.queue(alice_outbox)
+    for receiver in (paced, unpaced):
+        receiver.record(_transitions(16, seed=3))
+    engines = {"paced": _engine(), "unpaced": _engine()}
+    try:
+        for engine in engines.values():
+            while not engine.learner.ready():
+                engine.poll()
+            engine.poll()
+        asyncio.run(
+            _exchange_round(
+                experience_server.address,
+                (alice, "alice", alice_outbox),
+                (paced, "paced", Outbox(tmp_path / "p-out")),
+                (unpaced, "unpaced", Outbox(tmp_path / "u-out")),
+            )
+        )
+        added = {
+            "paced": paced.adopt(engines["paced"]),
+            "unpaced": unpaced.adopt(engines["unpaced"]),
+        }
+        extra = _updates_in_one_round(engines["unpaced"]) - _updates_in_one_round(engines["paced"])
+    finally:
+        for engine in engines.values():
+            engine.close()
+
+    # Both replays take all 64; replay_ratio 0.5: the 48 unpaced rows owe 24 updates.
+    assert added == {"paced": 64, "unpaced": 64}
+    assert extra == 24
 
 
 def test_foreign_batches_made_with_another_gamma_are_skipped(

@@ -180,9 +180,12 @@ def test_cli_refuses_an_empty_token_file(tmp_path: Path) -> None:
 
 
 def test_exchange_options_reach_the_config() -> None:
-    config = config_from_options(TrainConfig, {"foreign_credit": 0.5, "pull_transitions": 100})
+    config = config_from_options(
+        TrainConfig, {"foreign_credit": 0.5, "pull_transitions": 100, "credit_at_own_pace": False}
+    )
 
     assert config.exchange.foreign_credit == 0.5 and config.exchange.pull_transitions == 100
+    assert not config.exchange.credit_at_own_pace
     assert config.exchange.push_transitions == ExchangeConfig().push_transitions
 
 

@@ -20,7 +20,8 @@ Per sync (`ExperienceSync` holds these steps for the sync loop):
    cursor;
 3. the training thread adds what was pulled to the learner's one replay,
    beside its own transitions, each earning replay-ratio credit like a local
-   env step (TrainingEngine.add_foreign, `foreign_credit`), then persists the
+   env step (TrainingEngine.add_foreign, `foreign_credit`) up to this
+   participant's own pace (PacedCredit), then persists the
    cursor (fedrl.client.federation.experience_cursor): a crash before that
    pulls them again.
 
@@ -98,6 +99,18 @@ class ExchangeConfig:
     pull_transitions: int = field(
         default=4096, metadata=doc("Other participants' transitions asked for per sync.")
     )
+    credit_at_own_pace: bool = field(
+        default=True,
+        metadata=doc(
+            "Of each other participant's transitions, only as many as this participant has "
+            "collected itself since it started earn --foreign-credit; the rest join the "
+            "replay without it. A slower member thus keeps stepping its envs instead of "
+            "owing ever more updates for a faster one's data (which slows it further: in "
+            "an asynchronous pair, one member ended up doing twice the other's updates). "
+            "Off: every received transition earns it, for a learner that should keep up "
+            "with faster members at the replay ratio whatever its own pace."
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not self.foreign_credit >= 0.0:
@@ -162,6 +175,35 @@ class UnsentTransitions:
         return LearnerTransitions(**{name: column[slots] for name, column in self._columns.items()})
 
 
+class PacedCredit:
+    """How many of each other participant's transitions earn replay-ratio credit.
+
+    At most as many as this participant has collected itself since it
+    started, per sender. Unbounded credit makes a pair's pace unstable: the
+    slower member owes updates for more of the faster one's data per own env
+    step, so it slows further, while the faster one receives less and speeds
+    up (CartPole pairs with --foreign-credit 2: one member 26,000 updates and
+    18,000 foreign transitions, the other 13,000 and 5,000). Per sender, so
+    that N - 1 members at this one's pace all earn full credit. In memory:
+    after a restart both counts start again from the cursor's next pull.
+    """
+
+    def __init__(self) -> None:
+        self._own = 0
+        self._credited: dict[str, int] = {}
+
+    def collected(self, rows: int) -> None:
+        """Count this participant's own transitions."""
+        self._own += rows
+
+    def grant(self, sender: str, rows: int) -> int:
+        """How many of `rows` new transitions from `sender` earn credit (now counted)."""
+        done = self._credited.get(sender, 0)
+        granted = max(0, min(rows, self._own - done))
+        self._credited[sender] = done + granted
+        return granted
+
+
 class ExperienceSync:
     """Experience exchange inside a sync loop, split by thread.
 
@@ -196,6 +238,7 @@ class ExperienceSync:
         """Rows kept out of pushes because an observation left the session's bounds."""
         self._bounds_warned_at = 0
         self._unsent = UnsentTransitions(config.push_transitions, obs_shape)
+        self._paced = PacedCredit() if config.credit_at_own_pace else None
         self._n_step = n_step
         self._gamma = gamma
         self._spec_hash = spec_hash
@@ -232,6 +275,8 @@ class ExperienceSync:
     # Training thread.
 
     def record(self, batch: LearnerTransitions) -> None:
+        if self._paced is not None:
+            self._paced.collected(len(batch))
         if self._enabled:
             self._unsent.add(batch)
 
@@ -284,7 +329,7 @@ class ExperienceSync:
         if pulled is None:
             return 0
         added = 0
-        for _, batch in pulled.batches:
+        for header, batch in pulled.batches:
             if not math.isclose(batch.gamma, self._gamma, rel_tol=1e-6):
                 log.warning(
                     "skipping %d foreign transitions made with gamma %g (ours is %g)",
@@ -293,7 +338,10 @@ class ExperienceSync:
                     self._gamma,
                 )
                 continue
-            engine.add_foreign(to_transitions(batch), credit=self._config.foreign_credit)
+            credit = self._config.foreign_credit
+            if self._paced is not None and len(batch):
+                credit *= self._paced.grant(header.participant_id, len(batch)) / len(batch)
+            engine.add_foreign(to_transitions(batch), credit=credit)
             added += len(batch)
         self._cursor_file.save(pulled.next_cursor)
         return added
