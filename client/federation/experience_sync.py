@@ -106,9 +106,9 @@ class ExchangeConfig:
             "collected itself since it started earn --foreign-credit; the rest join the "
             "replay without it. A slower member thus keeps stepping its envs instead of "
             "owing ever more updates for a faster one's data (which slows it further: in "
-            "an asynchronous pair, one member ended up doing twice the other's updates). "
-            "Off: every received transition earns it, for a learner that should keep up "
-            "with faster members at the replay ratio whatever its own pace."
+            "an asynchronous pair at --foreign-credit 2, one member did twice the other's "
+            "updates). Off: every received transition earns it, for a learner that should "
+            "keep up with faster members at the replay ratio whatever its own pace."
         ),
     )
 
