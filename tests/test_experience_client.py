@@ -337,9 +337,9 @@ def test_a_sender_ahead_of_the_receiver_earns_credit_only_up_to_its_pace(
     tmp_path: Path,
     experience_server: Server,
 ) -> None:
-    # Bob has collected 16 rows of his own when 64 of Alice's arrive: paced,
-    # 16 of them earn the credit; unpaced, all 64. Two engines on one seed
-    # differ only in that, as in the credit test above.
+    # Each receiver has collected 16 rows of its own when 64 of Alice's
+    # arrive: paced, 16 of them earn the credit; unpaced, all 64. Two engines
+    # on one seed differ only in that, as in the credit test above.
     federation, _ = experience_server.stubs()
     for pid in ("alice", "paced", "unpaced"):
         join(federation, pid, cartpole_spec())
