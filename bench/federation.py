@@ -41,11 +41,12 @@ against it (CartPole, seeds 0-19: 6 of 20 reach 475 within 12,000 steps,
 16 of 20 within 36,000, median 23,625). The mean score compares runs over
 the marks they all have. The participants use the client's defaults (sync every 2
 episodes, bfloat16 deltas, the target network shifted at adoption, foreign
-credit 1: each received transition earns a local step's replay-ratio
-credit) and the learner's (the target period lengthened by the square root
-of the credit earned per own step) unless an option says otherwise
-(`--learner NAME=VALUE` changes a field of every DQN learner, the offline
-reference's too), with `evaluate_global=False`: the
+credit 2: each received transition earns two local steps' replay-ratio
+credit, up to the receiver's own pace) and the learner's (the target
+period lengthened by the square root of the credit earned per own step)
+unless an option says otherwise (`--learner NAME=VALUE` changes a field of
+every DQN learner, the offline reference's too), with
+`evaluate_global=False`: the
 bench scores the models itself after the run, so scoring takes no CPU from
 training. Everyone starts from version 0 and waits for a common "go".
 
