@@ -1623,11 +1623,13 @@ def resolve_task(
 
 
 def sweep(
-    ns: Sequence[int], modes: Sequence[Mode], algos: Sequence[Algorithm]
+    ns: Sequence[int], modes: Sequence[Mode], algos: Sequence[Algorithm], *, lone: bool = True
 ) -> list[Configuration]:
-    """The offline reference first, then every mode at every N, N = 1 always included (but
-    "pooled", which at N = 1 would be offline again)."""
-    counts = sorted({1, *ns})
+    """The offline reference first, then every mode at every N, N = 1 included unless `lone`
+    is False (and but for "pooled", which at N = 1 would be offline again). Why skip it: a
+    repeat of the groups need not repeat the lone participant's check, a third of the time
+    of a LunarLander pair's seed."""
+    counts = sorted({1, *ns} if lone else set(ns) - {1})
     configurations = []
     for algo in algos:
         configurations.append(Configuration(1, "offline", algo))
@@ -1654,7 +1656,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--task", choices=sorted(TASKS), default="cartpole")
     parser.add_argument("--seeds", type=int, nargs="+", help="run seeds (default 0-4)")
     parser.add_argument(
-        "--n", type=int, nargs="+", help="participant counts (default 1 2 4; 1 always runs)"
+        "--n",
+        type=int,
+        nargs="+",
+        help="participant counts (default 1 2 4; 1 always runs unless --no-lone)",
+    )
+    parser.add_argument(
+        "--no-lone",
+        action="store_true",
+        help="groups only: skip N = 1 through the server (the offline reference still runs)",
     )
     parser.add_argument(
         "--modes",
@@ -1887,7 +1897,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     seeds = args.seeds or ([0, 1] if args.quick else list(range(5)))
     ns = args.n or ([1, 2] if args.quick else [1, 2, 4])
     modes = args.modes or (quick_modes if args.quick else MODES)
-    configurations = sweep(ns, modes, args.algo)
+    if args.no_lone and all(n == 1 for n in ns):
+        raise SystemExit("--no-lone leaves nothing to run: give --n with a count above 1")
+    configurations = sweep(ns, modes, args.algo, lone=not args.no_lone)
     cores = available_cores()
     load = os.getloadavg()
     print(

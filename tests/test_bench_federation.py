@@ -272,6 +272,19 @@ def test_the_sweep_always_runs_the_offline_reference_and_every_mode_at_one(
     ]
 
 
+def test_a_sweep_without_the_lone_check_runs_the_reference_and_the_groups(
+    bench: ModuleType,
+) -> None:
+    keys = [c.key for c in bench.sweep([1, 2, 4], ["both"], ["dqn"], lone=False)]
+
+    assert keys == ["dqn offline N=1", "dqn both N=2", "dqn both N=4"]
+
+
+def test_no_lone_with_only_lone_counts_is_refused(bench: ModuleType) -> None:
+    with pytest.raises(SystemExit, match="--no-lone leaves nothing to run"):
+        bench.main(["--no-lone", "--n", "1"])
+
+
 def test_ppo_runs_only_the_modes_it_supports(bench: ModuleType) -> None:
     keys = [c.key for c in bench.sweep([2], list(bench.MODES), ["ppo"])]
 
