@@ -296,12 +296,14 @@ class SyncLoop:
         self._mode = mode
         if self._weights is not None:
             self._weights.set_mode(mode.interval, mode.delta_dtype)
+        interval = mode.interval
         log.info(
             "%d members pushing: syncing %s",
             pushing,
-            f"in rounds of {mode.interval.env_steps} env steps"
+            f"in rounds of {interval.env_steps} env steps"
             if mode.rounds
-            else "asynchronously",
+            else f"asynchronously, every {interval.episodes} episodes"
+            + (f" or {interval.env_steps} env steps" if interval.env_steps else ""),
         )
 
     def _synchronous_round(self, result: PollResult) -> None:
