@@ -163,6 +163,10 @@ Usage:
   .venv/bin/python bench/federation.py --n 2 4 --modes both --sync-steps 128 --round-wait-s 5
   .venv/bin/python bench/federation.py --n 2 4 --modes both --seeds {0..19} --offline-budget 36000 \
       --budget 18000
+  # a repeat of the groups alone (the offline reference still runs; here a short one, read
+  # against an earlier invocation's full-length reference):
+  .venv/bin/python bench/federation.py --task lunarlander --n 2 --no-lone --modes both \
+      --budget 56000 --offline-budget 4000
 The last line of stdout is one JSON object with every figure; a PNG of the
 score against per-participant env steps goes to --plot.
 """
