@@ -1630,7 +1630,7 @@ def sweep(
     ns: Sequence[int], modes: Sequence[Mode], algos: Sequence[Algorithm], *, lone: bool = True
 ) -> list[Configuration]:
     """The offline reference first, then every mode at every N, N = 1 included unless `lone`
-    is False (and but for "pooled", which at N = 1 would be offline again). Why skip it: a
+    is False ("pooled" never at N = 1, where it would be offline again). Why skip it: a
     repeat of the groups need not repeat the lone participant's check, a third of the time
     of a LunarLander pair's seed."""
     counts = sorted({1, *ns} if lone else set(ns) - {1})
