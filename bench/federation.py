@@ -312,6 +312,8 @@ class Settings:
     """Target network when a global model is adopted (the client's default, "shift")."""
     foreign_credit: float = _EXCHANGE.foreign_credit
     """Replay-ratio credit of a received transition, as a share of a local step's."""
+    round_foreign_credit: float = _EXCHANGE.round_foreign_credit
+    """The same while a participant syncs in rounds (the client's default)."""
     pull_transitions: int = _EXCHANGE.pull_transitions
     """Most of the others' transitions a participant pulls per sync (the client's default)."""
     credit_at_own_pace: bool = _EXCHANGE.credit_at_own_pace
@@ -991,6 +993,7 @@ def _sync_loop(task: ParticipantTask, engine: TrainingEngine, state_dir: Path) -
         evaluate_global=False,
         exchange=ExchangeConfig(
             foreign_credit=settings.foreign_credit,
+            round_foreign_credit=settings.round_foreign_credit,
             pull_transitions=settings.pull_transitions,
             credit_at_own_pace=settings.credit_at_own_pace,
         ),
@@ -1745,6 +1748,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="replay-ratio credit of a received transition (default: the client's)",
     )
     parser.add_argument(
+        "--round-foreign-credit",
+        type=float,
+        default=defaults.round_foreign_credit,
+        help="the same while syncing in rounds (default: the client's)",
+    )
+    parser.add_argument(
         "--pull-transitions",
         type=int,
         default=defaults.pull_transitions,
@@ -1849,6 +1858,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         delta_dtype=args.delta_dtype,
         target_at_adoption=args.target_at_adoption,
         foreign_credit=args.foreign_credit,
+        round_foreign_credit=args.round_foreign_credit,
         pull_transitions=args.pull_transitions,
         credit_at_own_pace=args.credit_at_own_pace,
         buffer_size=args.buffer_size,

@@ -203,6 +203,8 @@ def test_a_ppo_engine_refuses_foreign_transitions() -> None:
 def test_exchange_config_refuses_a_negative_credit() -> None:
     with pytest.raises(ValueError, match="foreign_credit must be >= 0"):
         ExchangeConfig(foreign_credit=-0.5)
+    with pytest.raises(ValueError, match="round_foreign_credit must be >= 0"):
+        ExchangeConfig(round_foreign_credit=float("nan"))
 
 
 def test_cursor_file_survives_a_restart_and_a_damaged_one_reads_as_zero(tmp_path: Path) -> None:
@@ -333,25 +335,27 @@ def test_paced_credit_grants_each_sender_no_more_than_the_own_rows_so_far() -> N
     assert (first, second, other, later) == (64, 36, 64, 50)
 
 
-def test_a_sender_ahead_of_the_receiver_earns_credit_only_up_to_its_pace(
+def _updates_after_one_batch_of_alices(
     tmp_path: Path,
     experience_server: Server,
-) -> None:
-    # Each receiver has collected 16 rows of its own when 64 of Alice's
-    # arrive: paced, 16 of them earn the credit; unpaced, all 64. Two engines
-    # on one seed differ only in that, as in the credit test above.
+    receivers: dict[str, tuple[ExperienceSync, bool]],
+    *,
+    own_rows: int = 0,
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Alice pushes 64 rows; each receiver (its sync, whether it adopts in rounds), having
+    collected `own_rows` of its own, pulls and adopts them into an engine of one seed.
+    The rows each adopted and the updates each engine then makes in one round."""
     federation, _ = experience_server.stubs()
-    for pid in ("alice", "paced", "unpaced"):
+    for pid in ("alice", *receivers):
         join(federation, pid, cartpole_spec())
     alice = _sync(tmp_path, "alice")
-    paced = _sync(tmp_path, "paced")
-    unpaced = _sync(tmp_path, "unpaced", credit_at_own_pace=False)
     alice_outbox = Outbox(tmp_path / "a-out")
     alice.record(_transitions(64))
     alice.queue(alice_outbox)
-    for receiver in (paced, unpaced):
-        receiver.record(_transitions(16, seed=3))
-    engines = {"paced": _engine(), "unpaced": _engine()}
+    if own_rows:
+        for receiver, _ in receivers.values():
+            receiver.record(_transitions(own_rows, seed=3))
+    engines = {pid: _engine() for pid in receivers}
     try:
         for engine in engines.values():
             while not engine.learner.ready():
@@ -361,23 +365,64 @@ def test_a_sender_ahead_of_the_receiver_earns_credit_only_up_to_its_pace(
             _exchange_round(
                 experience_server.address,
                 (alice, "alice", alice_outbox),
-                (paced, "paced", Outbox(tmp_path / "p-out")),
-                (unpaced, "unpaced", Outbox(tmp_path / "u-out")),
+                *(
+                    (sync, pid, Outbox(tmp_path / f"{pid}-out"))
+                    for pid, (sync, _) in receivers.items()
+                ),
             )
         )
         added = {
-            "paced": paced.adopt(engines["paced"]),
-            "unpaced": unpaced.adopt(engines["unpaced"]),
+            pid: sync.adopt(engines[pid], in_rounds=rounds)
+            for pid, (sync, rounds) in receivers.items()
         }
-        extra = _updates_in_one_round(engines["unpaced"]) - _updates_in_one_round(engines["paced"])
+        updates = {pid: _updates_in_one_round(engine) for pid, engine in engines.items()}
     finally:
         for engine in engines.values():
             engine.close()
+    return added, updates
+
+
+def test_a_sender_ahead_of_the_receiver_earns_credit_only_up_to_its_pace(
+    tmp_path: Path,
+    experience_server: Server,
+) -> None:
+    # Each receiver has collected 16 rows of its own when 64 of Alice's
+    # arrive: paced, 16 of them earn the credit; unpaced, all 64.
+    added, updates = _updates_after_one_batch_of_alices(
+        tmp_path,
+        experience_server,
+        {
+            "paced": (_sync(tmp_path, "paced"), False),
+            "unpaced": (_sync(tmp_path, "unpaced", credit_at_own_pace=False), False),
+        },
+        own_rows=16,
+    )
 
     # Both replays take all 64; replay_ratio 0.5 at the default credit of 2 local
     # steps each: the 48 unpaced rows owe 48 updates.
     assert added == {"paced": 64, "unpaced": 64}
-    assert extra == 48
+    assert updates["unpaced"] - updates["paced"] == 48
+
+
+def test_in_rounds_the_others_data_earns_the_round_credit(
+    tmp_path: Path,
+    experience_server: Server,
+) -> None:
+    # One adopts Alice's batch as a member syncing asynchronously, the other in rounds.
+    added, updates = _updates_after_one_batch_of_alices(
+        tmp_path,
+        experience_server,
+        {
+            "apart": (_sync(tmp_path, "apart", credit_at_own_pace=False), False),
+            "in-rounds": (_sync(tmp_path, "in-rounds", credit_at_own_pace=False), True),
+        },
+    )
+
+    # replay_ratio 0.5: 64 rows at the round credit of 4 owe 128 updates, at 2 owe 64.
+    config = ExchangeConfig()
+    assert (config.foreign_credit, config.round_foreign_credit) == (2.0, 4.0)
+    assert added == {"apart": 64, "in-rounds": 64}
+    assert updates["in-rounds"] - updates["apart"] == 64
 
 
 def test_foreign_batches_made_with_another_gamma_are_skipped(

@@ -312,7 +312,7 @@ class SyncLoop:
         assert weights is not None
         weights.observe(result)
         if experience is not None:
-            experience.adopt(self._engine)
+            experience.adopt(self._engine, in_rounds=True)
         if not weights.due(result):
             return
         # The server's push rate limit sets the shortest round: wait it out
@@ -337,9 +337,9 @@ class SyncLoop:
             return
         in_time = weights.await_version(sequence, left())
         if experience is not None:
-            experience.adopt(self._engine)
+            experience.adopt(self._engine, in_rounds=True)
             in_time = experience.pull_fresh(left()) and in_time
-            experience.adopt(self._engine)
+            experience.adopt(self._engine, in_rounds=True)
         if not in_time:
             self._late_rounds += 1
             # Said at the first and then each time the count doubles: a member
