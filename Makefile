@@ -1,23 +1,41 @@
-# Everything installs into .venv, the project's own virtual environment.
-# torch is pinned through constraints.txt on every install: an unpinned torch
-# on a CPU machine would download gigabytes of CUDA packages.
+# Everything installs into .venv, the project's own virtual environment, at the
+# versions requirements.lock pins: every distribution, direct or transitive, pip
+# and the build backend included, so a fresh machine runs what CI ran. torch is
+# pinned there as 2.13.0 (from constraints.txt): an unpinned torch on a CPU
+# machine would download gigabytes of CUDA packages.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-PIP := $(BIN)/python -m pip install --constraint constraints.txt
+LOCK := requirements.lock
+PIP := $(BIN)/python -m pip install --constraint $(LOCK)
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Every extra, so one lock serves `make install` and `make bench` alike.
+EXTRAS := dev,plot,export,atari,video,box2d,bench
+INSTALL_EXTRAS := dev,plot,export,atari,video
 
-.PHONY: install browser test test-all proto proto-check lint fmt typecheck bench demo clean
+.PHONY: install lock browser test test-all proto proto-check lint fmt typecheck bench demo clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+# The build backend comes from the lock too (--no-build-isolation): an isolated
+# build would fetch whatever setuptools is newest that day.
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) --upgrade pip
-	$(PIP) torch==2.13.0
-	$(PIP) -e '.[dev,plot,export,atari,video]'
+	$(PIP) pip setuptools wheel
+	$(PIP) --no-build-isolation -e '.[$(INSTALL_EXTRAS)]'
 	touch $(STAMP)
+
+# Regenerates requirements.lock from pyproject.toml and constraints.txt, keeping
+# the pins that still satisfy them; `make lock UPGRADE=1` moves every pin to the
+# newest release allowed. pip-compile records the CPU build's local label
+# (2.13.0+cpu), which only this kind of machine's wheel folder has; the plain
+# version matches that build here and the registry's elsewhere.
+lock: install
+	$(BIN)/pip-compile --quiet --no-build-isolation --strip-extras --allow-unsafe --no-emit-index-url \
+		--no-emit-find-links --constraint constraints.txt --extra $(EXTRAS) \
+		$(if $(UPGRADE),--upgrade) --output-file $(LOCK) pyproject.toml
+	sed -i -E 's/^(torch==[0-9.]+)\+[a-z0-9]+$$/\1/' $(LOCK)
 
 # The dashboard's browser test drives Debian's headless Chromium through its
 # chromedriver (tests/test_dashboard_browser.py); a CJK font lets its
@@ -69,7 +87,7 @@ typecheck: install
 # Each benchmark's short mode; run one with no flag for the full figures.
 # The baselines (Stable-Baselines3) come from the bench extra.
 bench: install
-	$(PIP) -e '.[bench]'
+	$(PIP) --no-build-isolation -e '.[bench]'
 	@for b in bench/*.py; do echo "== $$b --quick"; $(BIN)/python $$b --quick || exit 1; done
 
 # The main job: a server on localhost and two participants training
