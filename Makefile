@@ -30,12 +30,14 @@ $(STAMP): pyproject.toml $(LOCK)
 # the pins that still satisfy them; `make lock UPGRADE=1` moves every pin to the
 # newest release allowed. pip-compile records the CPU build's local label
 # (2.13.0+cpu), which only this kind of machine's wheel folder has; the plain
-# version matches that build here and the registry's elsewhere.
+# version matches that build here and the registry's elsewhere. The bench extra
+# names fedrl[box2d], which pip-compile writes as a pin of this very checkout's
+# path: the project is installed from its tree, never from the lock.
 lock: install
 	$(BIN)/pip-compile --quiet --no-build-isolation --strip-extras --allow-unsafe --no-emit-index-url \
 		--no-emit-find-links --constraint constraints.txt --extra $(EXTRAS) \
 		$(if $(UPGRADE),--upgrade) --output-file $(LOCK) pyproject.toml
-	sed -i -E 's/^(torch==[0-9.]+)\+[a-z0-9]+$$/\1/' $(LOCK)
+	sed -i -E -e 's/^(torch==[0-9.]+)\+[a-z0-9]+$$/\1/' -e '/^fedrl @ /d' $(LOCK)
 
 # The dashboard's browser test drives Debian's headless Chromium through its
 # chromedriver (tests/test_dashboard_browser.py); a CJK font lets its
