@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fedrl.client.training.engine import ActorFailureError, EngineConfig, TrainingEngine
+from fedrl.client.training.engine import ActorFailureError, TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.learner import LearnerConfig
 
 SHM = Path("/dev/shm")

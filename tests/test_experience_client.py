@@ -24,7 +24,8 @@ from fedrl.client.federation.experience_sync import (
     UnsentTransitions,
 )
 from fedrl.client.federation.outbox import Entry, Outbox
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.experience_conversion import to_experience, to_transitions
 from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.transitions import LearnerTransitions

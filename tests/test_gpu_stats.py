@@ -19,7 +19,7 @@ from fedrl.client.commands.system_check import (
     machine_facts,
     render,
 )
-from fedrl.client.training.engine import Counters, PollResult
+from fedrl.client.training.counters import Counters, PollResult
 from tests.support.fake_nvml import fake_nvml
 
 

@@ -7,7 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.learner import LearnerConfig
 from fedrl.client.training.ppo_learner import PPOConfig, PPOLearner
 

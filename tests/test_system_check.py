@@ -26,7 +26,7 @@ from fedrl.client.commands.system_check import (
     recommend_ppo,
 )
 from fedrl.client.federation.channel import ConnectionSecurity
-from fedrl.client.training.engine import available_cores
+from fedrl.client.training.engine_config import available_cores
 from fedrl.common.tls import (
     CertifiedKey,
     ParticipantBundle,

@@ -47,8 +47,9 @@ from fedrl.client.federation.federation_client import FederationClient
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.population import PopulationError, PopulationMember
 from fedrl.client.federation.sync_loop import SyncLoop
+from fedrl.client.training.counters import Counters, PollResult
 from fedrl.client.training.distributed import RankFailureError, RankGroup, RankPlace
-from fedrl.client.training.engine import Counters, PollResult, TrainingEngine
+from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.learner import Learner
 from fedrl.client.training.memory import memory_use
 from fedrl.common.config_cli import config_options, refuse_options_before_a_command, takes_config

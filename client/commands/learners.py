@@ -36,7 +36,8 @@ import numpy as np
 
 from fedrl.client.commands.config import TrainConfig
 from fedrl.client.training.distributed import RankFailureError, RankGroup, RankPlace, rank_device
-from fedrl.client.training.engine import TrainingEngine, available_cores, describe_exit
+from fedrl.client.training.engine import TrainingEngine, describe_exit
+from fedrl.client.training.engine_config import available_cores
 
 Train = Callable[[TrainConfig, RankGroup], object]
 SignalHandlers = dict[int, Any]

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from tqdm import tqdm
 
 from fedrl.client.commands.gpu_stats import GpuMonitor
-from fedrl.client.training.engine import Counters, PollResult
+from fedrl.client.training.counters import Counters, PollResult
 from fedrl.client.training.exploration import apex_epsilons
 from fedrl.common.closing import Closing
 

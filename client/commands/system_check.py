@@ -63,7 +63,7 @@ from fedrl.client.commands.game_defaults import GAME_ENGINE
 from fedrl.client.commands.gpu_stats import GpuMonitor, GpuReading
 from fedrl.client.federation.channel import ConnectionSecurity, is_loopback_target
 from fedrl.client.training.cnn import is_image
-from fedrl.client.training.engine import EngineConfig, available_cores
+from fedrl.client.training.engine_config import EngineConfig, available_cores
 from fedrl.client.training.learner import Learner, LearnerConfig
 from fedrl.client.training.memory import available_bytes, fitting_capacity, replay_bytes
 from fedrl.client.training.networks import NetworkConfig

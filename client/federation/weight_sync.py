@@ -87,7 +87,8 @@ from fedrl.client.federation.sync_state import (
     load_sync_state,
     save_sync_state,
 )
-from fedrl.client.training.engine import PollResult, TrainingEngine
+from fedrl.client.training.counters import PollResult
+from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.learner import TARGET_AT_ADOPTION, TargetAtAdoption
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb

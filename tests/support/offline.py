@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from fedrl.client.federation.sync_state import NamedArrays
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.learner import LearnerConfig
 
 
