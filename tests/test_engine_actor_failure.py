@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fedrl.client.training.engine import ActorFailureError, TrainingEngine
+from fedrl.client.training.actor_pool import ActorFailureError
+from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.learner import LearnerConfig
 

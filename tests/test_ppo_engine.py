@@ -82,7 +82,7 @@ def test_a_resumed_learner_continues_the_same_schedule_and_minibatch_order() -> 
     config = EngineConfig(env="CartPole-v1", workers=0, envs_per_worker=4, eval_interval=0)
     ppo = dataclasses.replace(SMALL, anneal_steps=1_000)
     with TrainingEngine(config, ppo) as engine:
-        core = engine._serial
+        core = engine._schedule.pool.serial
         assert core is not None
         rollouts = [core.collect().rollout for _ in range(3)]  # type: ignore[union-attr]
     straight, first = (

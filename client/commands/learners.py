@@ -35,8 +35,9 @@ import click
 import numpy as np
 
 from fedrl.client.commands.config import TrainConfig
+from fedrl.client.training.actor_pool import describe_exit
 from fedrl.client.training.distributed import RankFailureError, RankGroup, RankPlace, rank_device
-from fedrl.client.training.engine import TrainingEngine, describe_exit
+from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.engine_config import available_cores
 
 Train = Callable[[TrainConfig, RankGroup], object]
