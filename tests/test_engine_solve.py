@@ -6,7 +6,7 @@ import pytest
 
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.engine_config import EngineConfig
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.learner_config import LearnerConfig
 
 STEP_BUDGET = 60_000
 

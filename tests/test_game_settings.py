@@ -16,7 +16,7 @@ from fedrl.client.commands.system_check import Recommendation, with_capacity
 from fedrl.client.training import memory
 from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.frame_replay import FrameReplay
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.memory import fitting_capacity, replay_bytes, stacked_bytes
 from fedrl.client.training.replay import PrioritizedReplay
 

@@ -26,7 +26,7 @@ from fedrl.client.federation.outbox import Outbox
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.experience_conversion import to_experience, to_transitions
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.experience import ExperienceBatch
 from fedrl.proto.v1 import tensor_pb2 as tpb

@@ -9,7 +9,7 @@ import pytest
 
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.engine_config import EngineConfig
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.ppo_learner import PPOConfig, PPOLearner
 
 SMALL = PPOConfig(device="cpu", rollout_steps=16, epochs=2, minibatch_size=32, ppo_hidden=(16,))

@@ -20,7 +20,7 @@ from fedrl.client.federation.sync_loop import SyncLoop
 from fedrl.client.federation.sync_plan import SyncPlan
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.engine_config import EngineConfig
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.policy_network import ppo_architecture_name
 from fedrl.client.training.ppo_learner import PPOConfig

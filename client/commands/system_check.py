@@ -64,7 +64,8 @@ from fedrl.client.commands.gpu_stats import GpuMonitor, GpuReading
 from fedrl.client.federation.channel import ConnectionSecurity, is_loopback_target
 from fedrl.client.training.cnn import is_image
 from fedrl.client.training.engine_config import EngineConfig, available_cores
-from fedrl.client.training.learner import Learner, LearnerConfig
+from fedrl.client.training.learner import Learner
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.memory import available_bytes, fitting_capacity, replay_bytes
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.policy_network import ActorCritic, build_actor_critic

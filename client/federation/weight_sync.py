@@ -89,7 +89,7 @@ from fedrl.client.federation.sync_state import (
 )
 from fedrl.client.training.counters import PollResult
 from fedrl.client.training.engine import TrainingEngine
-from fedrl.client.training.learner import TARGET_AT_ADOPTION, TargetAtAdoption
+from fedrl.client.training.learner_config import TARGET_AT_ADOPTION, TargetAtAdoption
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
 

@@ -38,7 +38,8 @@ from fedrl.client.training.hyperparameters import (
     read_hyperparameters,
     with_hyperparameters,
 )
-from fedrl.client.training.learner import Learner, LearnerConfig, TargetAtAdoption
+from fedrl.client.training.learner import Learner
+from fedrl.client.training.learner_config import LearnerConfig, TargetAtAdoption
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.ppo_learner import PPOConfig, PPOLearner
 from fedrl.client.training.q_network import DEFAULT_NETWORK, load_named_arrays

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fedrl.client.training.engine_config import EngineConfig
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.ppo_learner import PPOConfig
 
 Hyperparameters = Mapping[str, float]
