@@ -273,21 +273,13 @@ class Learner:
     def target_period(self) -> int:
         """Updates between target updates: target_update_interval, longer for a data-rich learner.
 
-        A learner fed by others' experience makes more updates per env step
-        of its own, and with a fixed period its bootstrap target moves that
-        much faster against the same policy's data: in bench/federation_sim.py
-        (CartPole, models averaged every round, 4 participants, 1.8 updates
-        per own step) a period of 500 solved 0 of 10 seeds, 1,000 solved 6.
-        A lone learner is hurt by the longer period (6 of 10 with 500, 3 with
-        1,000 offline), so the period follows the data it receives: alone the
-        multiple is 1 and the run is the one it would be offline. Through the
-        server (bench/federation.py, CartPole, 5 seeds) the square root took
-        pairs from 1 of 5 solved to 4 of 5, at 1.8x fewer steps each than
-        one participant alone (a second run: 3 of 5, 1.1x), though most of
-        those pairs reached the target on one global version scored twice;
-        over 10 seeds scored on a member's own model, 1.09x and 1.42x in two
-        runs. One learner holding all of a pair's or a four's data, with this
-        period, got there 3.0x sooner (bench/federation.py's "pooled").
+        A learner fed by others' experience makes more updates per env step of
+        its own, and with a fixed period its bootstrap target would move that
+        much faster against the same policy's data. So the period grows with the
+        data multiple (transitions credited per own env step, set_data_multiple)
+        to the power target_period_data_exponent. Alone the multiple is 1, and
+        the run is the one it would be offline. The exponent's default:
+        docs/benchmarks.md, target period.
         """
         scale = math.pow(self._data_multiple, self.config.target_period_data_exponent)
         return max(1, round(self.config.target_update_interval * scale))
@@ -403,9 +395,9 @@ class Learner:
         net is kept. Federated adoption shifts by default: the change it
         applies is the other participants' progress, and a DQN whose target
         jumps to the online net at every adoption (every few episodes) loses
-        its stable bootstrap (fedrl.client.federation.weight_sync has the
-        figures). Adam's moments are kept in every case; they describe the
-        loss surface, which a nearby model shares.
+        its stable bootstrap (docs/benchmarks.md, target at adoption). Adam's
+        moments are kept in every case; they describe the loss surface, which
+        a nearby model shares.
         """
         if target not in TARGET_AT_ADOPTION:
             raise ValueError(
