@@ -23,7 +23,8 @@ from fedrl.client.federation.experience_sync import (
     PacedCredit,
     UnsentTransitions,
 )
-from fedrl.client.federation.outbox import Entry, Outbox
+from fedrl.client.federation.outbox import Outbox
+from fedrl.client.federation.outbox_file import Entry
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.experience_conversion import to_experience, to_transitions
