@@ -2,10 +2,11 @@
 
 Two halves, one per thread. `WeightSync` runs in the main thread, between
 the engine's rounds; `WeightTraffic` (fedrl.client.federation.weight_traffic)
-is its task on the network thread (fedrl.client.federation.server_link). They meet in three places only: the
-durable outbox (main thread writes, network thread sends and deletes), a
-"sendable through" sequence number, and a slot holding the newest pulled
-global model, which the main thread adopts at its next round.
+is its task on the network thread (fedrl.client.federation.server_link).
+They meet in three places only: the durable outbox (main thread writes,
+network thread sends and deletes), a "sendable through" sequence number, and
+a slot holding the newest pulled global model, which the main thread adopts
+at its next round.
 
 Every sync interval (`SyncInterval`: so many local episodes or env steps;
 PPO: after every rollout update, the unit of its progress), once the
