@@ -23,6 +23,7 @@ import grpc
 from click.core import ParameterSource
 
 from fedrl.client.commands.backtest import backtest
+from fedrl.client.commands.check.command import check_command
 from fedrl.client.commands.config import TrainConfig, check_algorithm_options
 from fedrl.client.commands.export import export_command
 from fedrl.client.commands.game_defaults import describe, with_game_defaults
@@ -39,7 +40,6 @@ from fedrl.client.commands.plot import plot_command
 from fedrl.client.commands.progress import ProgressReporter, TrainingProgress, mean_epsilon
 from fedrl.client.commands.record import record_command
 from fedrl.client.commands.state_dir import Autosaver, ModelIdentity, StateDir, StateError
-from fedrl.client.commands.system_check import check_command
 from fedrl.client.commands.training_events import TrainingEvents, tensorboard_dir
 from fedrl.client.federation.channel import ChannelSecurityError
 from fedrl.client.federation.errors import ServerCallError, SyncError
