@@ -214,7 +214,7 @@ class ReplaySchedule(Schedule[Learner]):
                 batch.validate(self.learner.obs_shape)
             for hook in self._hooks:
                 hook(batch)
-        self._count(env_steps, episode_returns, episode_lengths)
+        self._tally.count(env_steps, episode_returns, episode_lengths)
 
     def _write_frames(
         self,
@@ -230,7 +230,7 @@ class ReplaySchedule(Schedule[Learner]):
         if stored is not None and len(stored):
             for hook in self._hooks:
                 hook(stored)
-        self._count(env_steps, episode_returns, episode_lengths)
+        self._tally.count(env_steps, episode_returns, episode_lengths)
 
     def add_foreign(self, batch: LearnerTransitions, *, credit: float) -> None:
         """Other participants' transitions into the replay, each worth `credit` local env steps

@@ -126,11 +126,3 @@ class Schedule(ABC, Generic[L]):
         """New actors with the current specs, holding the learner's current weights."""
         self.pool.restart()
         self.publish()
-
-    def _count(
-        self,
-        env_steps: int,
-        episode_returns: npt.NDArray[np.float64],
-        episode_lengths: npt.NDArray[np.int64],
-    ) -> None:
-        self._tally.count(env_steps, episode_returns, episode_lengths)

@@ -41,12 +41,8 @@ def probe_updates(
     progress: CheckProgress | None = None,
 ) -> list[UpdateProbe]:
     """The learner's own train step (Double DQN, dueling, PER) at each batch size."""
-    progress = progress or CheckProgress()
-    rng = np.random.default_rng(0)
-    out = []
-    for batch_size in batch_sizes:
-        progress.begin("learner update", f"batch {batch_size} on {device}")
-        progress.status("filling a replay")
+
+    def dqn_step(batch_size: int, rng: np.random.Generator) -> Callable[[], int]:
         rows = max(2_048, 4 * batch_size)
         learner = Learner(
             obs_shape=obs_shape,
@@ -71,29 +67,21 @@ def probe_updates(
             )
         )
 
-        def train(learner: Learner = learner) -> int:
+        def train() -> int:
             learner.train(8)  # returns statistics, which waits for the device: a fair clock
             return 8
 
-        out.append(_measured(device, batch_size, train, seconds, progress))
-    return out
+        return train
 
-
-def _observations(
-    rng: np.random.Generator, rows: int, obs_shape: tuple[int, ...]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Random observations and their successors, as the learner stores them: float32 vectors,
-    or uint8 frame stacks that follow each other as a game's do."""
-    if not is_image(obs_shape):
-        return (
-            rng.standard_normal((rows, *obs_shape)).astype(np.float32),
-            rng.standard_normal((rows, *obs_shape)).astype(np.float32),
-        )
-    k = obs_shape[0]
-    frames = rng.integers(0, 256, (rows + k, *obs_shape[1:]), dtype=np.uint8)
-    windows = np.lib.stride_tricks.sliding_window_view(frames, k, axis=0)
-    stacks = np.ascontiguousarray(np.moveaxis(windows, -1, 1))  # [rows + 1, k, H, W]
-    return stacks[:rows], stacks[1:]
+    return _measure_each(
+        "learner update",
+        "batch",
+        batch_sizes,
+        step_at=dqn_step,
+        device=device,
+        seconds=seconds,
+        progress=progress,
+    )
 
 
 def probe_ppo_updates(
@@ -106,12 +94,8 @@ def probe_ppo_updates(
     progress: CheckProgress | None = None,
 ) -> list[UpdateProbe]:
     """PPO's own gradient steps (one epoch over a synthetic rollout) at each minibatch size."""
-    progress = progress or CheckProgress()
-    rng = np.random.default_rng(0)
-    out = []
-    for size in minibatch_sizes:
-        progress.begin("PPO update", f"minibatch {size} on {device}")
-        progress.status("making a rollout")
+
+    def ppo_step(size: int, rng: np.random.Generator) -> Callable[[], int]:
         envs, steps = 16, max(1, 4 * size // 16)
         learner = PPOLearner(
             obs_shape=shape.obs_shape,
@@ -138,18 +122,59 @@ def probe_ppo_updates(
             valid=np.ones((steps, envs), dtype=np.bool_),
         )
 
-        def train(learner: PPOLearner = learner, rollout: Rollout = rollout) -> int:
+        def train() -> int:
             learner.train(rollout)  # returns statistics, which waits for the device
             return -(-rollout.steps * rollout.envs // learner.config.minibatch_size)
 
-        out.append(_measured(device, size, train, seconds, progress))
+        return train
+
+    return _measure_each(
+        "PPO update",
+        "minibatch",
+        minibatch_sizes,
+        step_at=ppo_step,
+        device=device,
+        seconds=seconds,
+        progress=progress,
+    )
+
+
+def _measure_each(
+    probe: str,
+    unit: str,
+    sizes: Sequence[int],
+    *,
+    step_at: Callable[[int, np.random.Generator], Callable[[], int]],
+    device: str,
+    seconds: float,
+    progress: CheckProgress | None,
+) -> list[UpdateProbe]:
+    """Gradient steps per second at each size: `step_at(size, rng)` builds the learner and
+    returns one timed call, which gives the gradient steps it made."""
+    progress = progress or CheckProgress()
+    rng = np.random.default_rng(0)
+    out = []
+    for size in sizes:
+        progress.begin(probe, f"{unit} {size} on {device}")
+        progress.status("building the learner and its data")
+        measured = UpdateProbe(device, size, timed(step_at(size, rng), seconds, progress))
+        progress.end(f"{measured.updates_per_s:,.0f} updates/s")
+        out.append(measured)
     return out
 
 
-def _measured(
-    device: str, size: int, train: Callable[[], int], seconds: float, progress: CheckProgress
-) -> UpdateProbe:
-    """The rate of `train`'s gradient steps, shown as the measurement's figure."""
-    probe = UpdateProbe(device, size, timed(train, seconds, progress))
-    progress.end(f"{probe.updates_per_s:,.0f} updates/s")
-    return probe
+def _observations(
+    rng: np.random.Generator, rows: int, obs_shape: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Random observations and their successors, as the learner stores them: float32 vectors,
+    or uint8 frame stacks that follow each other as a game's do."""
+    if not is_image(obs_shape):
+        return (
+            rng.standard_normal((rows, *obs_shape)).astype(np.float32),
+            rng.standard_normal((rows, *obs_shape)).astype(np.float32),
+        )
+    k = obs_shape[0]
+    frames = rng.integers(0, 256, (rows + k, *obs_shape[1:]), dtype=np.uint8)
+    windows = np.lib.stride_tricks.sliding_window_view(frames, k, axis=0)
+    stacks = np.ascontiguousarray(np.moveaxis(windows, -1, 1))  # [rows + 1, k, H, W]
+    return stacks[:rows], stacks[1:]
