@@ -35,16 +35,16 @@ from fedrl.common.tls import TlsPaths
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import population_pb2_grpc
-from fedrl.server.aggregation import Strategy
-from fedrl.server.auth import HEALTH_METHODS, AuthInterceptor, server_transport
 from fedrl.server.config import ServerConfig
 from fedrl.server.dashboard.web import Dashboard
-from fedrl.server.handlers import GuardingInterceptor, guard_handler
-from fedrl.server.population import Population
-from fedrl.server.population_service import SERVICE_NAME as POPULATION_SERVICE
-from fedrl.server.population_service import PopulationServicer
-from fedrl.server.service import FederationServicer
-from fedrl.server.session import Federation
+from fedrl.server.federation.federation import Federation
+from fedrl.server.federation.service import FederationServicer
+from fedrl.server.population.population import Population
+from fedrl.server.population.service import SERVICE_NAME as POPULATION_SERVICE
+from fedrl.server.population.service import PopulationServicer
+from fedrl.server.security.auth import HEALTH_METHODS, AuthInterceptor, server_transport
+from fedrl.server.strategy.aggregate import Strategy
+from fedrl.server.transport.handlers import GuardingInterceptor, guard_handler
 
 log = logging.getLogger(__name__)
 

@@ -29,11 +29,11 @@ from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.server.app import ServiceRegistration, serve
 from fedrl.server.config import ServerConfig
-from fedrl.server.experience_exchange import ExperienceConfig
-from fedrl.server.experience_service import experience_service
-from fedrl.server.session import DB_FILE, DEFAULT_SESSION
-from fedrl.server.state_db import StateDB
-from fedrl.server.tls_commands import init_tls, issue, revoke
+from fedrl.server.experience.exchange import ExperienceConfig
+from fedrl.server.experience.service import experience_service
+from fedrl.server.federation.federation import DB_FILE, DEFAULT_SESSION
+from fedrl.server.security.tls_commands import init_tls, issue, revoke
+from fedrl.server.storage.state_db import StateDB
 
 _DEFAULTS = ServerConfig()
 

@@ -15,7 +15,7 @@ from typing import Literal
 
 from fedrl.common.config_cli import doc
 from fedrl.common.identity import validate_participant_id
-from fedrl.server.limits import LimitsConfig
+from fedrl.server.transport.limits import LimitsConfig
 
 Strategy = Literal["mean", "trimmed_mean", "median"]
 STRATEGIES: tuple[Strategy, ...] = typing.get_args(Strategy)
@@ -134,7 +134,7 @@ class ServerConfig:
         metadata=doc(
             "Refuse an update whose L2 norm exceeds this many times the median of the "
             "session's last 32 accepted updates' norms (before 4 are known: the global "
-            "model's norm); 0: off. See fedrl.server.norm_bound."
+            "model's norm); 0: off. See fedrl.server.strategy.norm_bound."
         ),
     )
     pbt_ready_steps: int = field(
@@ -148,7 +148,8 @@ class ServerConfig:
         default=0.25,
         metadata=doc(
             "Population sessions: share of ranked members in the top and in the bottom (at "
-            "least one each); a bottom member copies a top one. See fedrl.server.exploit_explore."
+            "least one each); a bottom member copies a top one. "
+            "See fedrl.server.population.exploit_explore."
         ),
     )
     pbt_resample_probability: float = field(
@@ -206,7 +207,7 @@ class ServerConfig:
 
     @property
     def limits(self) -> LimitsConfig:
-        """The per-participant call limits, as fedrl.server.limits takes them."""
+        """The per-participant call limits, as fedrl.server.transport.limits takes them."""
         return LimitsConfig(
             max_streams_per_participant=self.max_streams_per_participant,
             push_rate_per_s=self.push_rate_per_s,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from fedrl.server.aggregation import (
+from fedrl.server.strategy.aggregate import (
     STRATEGY_NAMES,
     Median,
     TrimmedMean,

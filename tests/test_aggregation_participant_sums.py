@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedrl.server.aggregation import Median, ParticipantSums, TrimmedMean, WeightedMean
+from fedrl.server.strategy.aggregate import Median, ParticipantSums, TrimmedMean, WeightedMean
 
 Update = tuple[str, list[np.ndarray], float]
 

@@ -25,13 +25,13 @@ from hypothesis import strategies as st
 from fedrl.common.identity import validate_participant_id
 from fedrl.common.tls import TlsPaths, create_ca, issue_server_cert, write_private
 from fedrl.proto.v1 import federation_pb2 as pb
-from fedrl.server.auth import InsecureBindError, issue_token, revoke
 from fedrl.server.cli import main
 from fedrl.server.config import ServerConfig
 from fedrl.server.dashboard.access import is_loopback_host_header
 from fedrl.server.dashboard.status_json import status_document
 from fedrl.server.dashboard.web import Dashboard, StatusSource
-from fedrl.server.session import DB_FILE, Federation
+from fedrl.server.federation.federation import DB_FILE, Federation
+from fedrl.server.security.auth import InsecureBindError, issue_token, revoke
 from tests.support.server_harness import (
     InProcessServer,
     ServerProcess,

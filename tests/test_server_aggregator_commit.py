@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 
 from fedrl.common.spec import spec_hash
-from fedrl.server.aggregation import WeightedMean
-from fedrl.server.aggregator import Aggregator, AggregatorSettings
-from fedrl.server.model_store import ModelStore
-from fedrl.server.state_db import DbRunner, StateDB
-from fedrl.server.update_log import LoggedUpdate, UpdateLog
+from fedrl.server.federation.aggregator import Aggregator, AggregatorSettings
+from fedrl.server.storage.model_store import ModelStore
+from fedrl.server.storage.state_db import DbRunner, StateDB
+from fedrl.server.storage.update_log import LoggedUpdate, UpdateLog
+from fedrl.server.strategy.aggregate import WeightedMean
 from tests.support.server_harness import make_spec
 
 SPEC = make_spec([(4,)])

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from fedrl.proto.v1 import federation_pb2 as pb
-from fedrl.server.session import Federation
-from fedrl.server.state_db import StateDB
+from fedrl.server.federation.federation import Federation
+from fedrl.server.storage.state_db import StateDB
 from tests.support.server_harness import (
     InProcessServer,
     join,

@@ -40,7 +40,7 @@ from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import experience_pb2 as xpb
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.experience_service import experience_service
+from fedrl.server.experience.service import experience_service
 from tests.support.experience import CONFIG, cartpole_spec, make_batch
 from tests.support.server_harness import (
     InProcessServer,

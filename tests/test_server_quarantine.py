@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from fedrl.proto.v1 import federation_pb2 as pb
-from fedrl.server.record_frames import RecordFrames
-from fedrl.server.update_log import UpdateLog
+from fedrl.server.storage.record_frames import RecordFrames
+from fedrl.server.storage.update_log import UpdateLog
 from tests.support.server_harness import (
     InProcessServer,
     join,

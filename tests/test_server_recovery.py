@@ -13,15 +13,15 @@ import pytest
 from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
-from fedrl.server.model_store import ModelStore
-from fedrl.server.session import (
+from fedrl.server.federation.federation import (
     DB_FILE,
     GLOBAL_STATE_FILE,
     METRICS_FILE,
     Federation,
     PushRequest,
 )
-from fedrl.server.update_log import UpdateLog
+from fedrl.server.storage.model_store import ModelStore
+from fedrl.server.storage.update_log import UpdateLog
 from tests.support.server_harness import (
     InProcessServer,
     ServerProcess,

@@ -12,8 +12,8 @@ import pytest
 
 from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import tensor_pb2 as tpb
+from fedrl.server.federation.federation import Federation, PushRequest
 from fedrl.server.refusals import InvalidRequestError, NotFoundError, PreconditionError
-from fedrl.server.session import Federation, PushRequest
 from tests.support.server_harness import make_spec, server_config
 
 T = TypeVar("T")

@@ -20,11 +20,11 @@ from fedrl.common.status_file import read_status_file
 from fedrl.common.status_table import display_width, render_status
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.server.app import run_server
-from fedrl.server.auth import InsecureBindError
 from fedrl.server.cli import main, serve_command
 from fedrl.server.config import ServerConfig
-from fedrl.server.session import DB_FILE
-from fedrl.server.state_db import StateDB
+from fedrl.server.federation.federation import DB_FILE
+from fedrl.server.security.auth import InsecureBindError
+from fedrl.server.storage.state_db import StateDB
 from tests.support.server_harness import (
     InProcessServer,
     ServerProcess,

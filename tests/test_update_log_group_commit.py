@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedrl.server.update_log import LoggedUpdate, UpdateLog, UpdateLogError
+from fedrl.server.storage.update_log import LoggedUpdate, UpdateLog, UpdateLogError
 
 FOLLOWERS = 7
 HOLD_S = 0.5

@@ -39,7 +39,7 @@ from fedrl.server.dashboard.access import (
     is_loopback_host_header,
 )
 from fedrl.server.dashboard.status_json import status_document
-from fedrl.server.session import Federation
+from fedrl.server.federation.federation import Federation
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import experience_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import federation_pb2_grpc as fed_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.experience_exchange import ExperienceConfig
-from fedrl.server.experience_service import experience_service
-from fedrl.server.experience_store import StoreConfig
-from fedrl.server.experience_validation import ValidationLimits
+from fedrl.server.experience.exchange import ExperienceConfig
+from fedrl.server.experience.service import experience_service
+from fedrl.server.experience.store import StoreConfig
+from fedrl.server.experience.validation import ValidationLimits
 from tests.support.server_harness import InProcessServer, channel, server_config
 
 OBS_SHAPE = (4,)

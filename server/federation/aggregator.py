@@ -1,7 +1,7 @@
 """The single writer of a session's global model: an asyncio task (FedBuff).
 
 Acknowledged updates arrive on a queue and are clipped and summed per
-participant as they arrive (fedrl.server.aggregation.ParticipantSums), on
+participant as they arrive (fedrl.server.strategy.aggregate.ParticipantSums), on
 the aggregator's own thread. After K of them, or when the oldest has waited `buffer_timeout_s`,
 the strategy's aggregate is applied to the newest global with the server
 learning rate. The new version then becomes visible in this order, which is
@@ -39,10 +39,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from fedrl.server.aggregation import ParticipantSums, Strategy, apply_update, clip_by_norm
-from fedrl.server.model_store import ModelStore
-from fedrl.server.state_db import DbRunner, VersionRow
-from fedrl.server.update_log import LoggedUpdate, UpdateLog
+from fedrl.server.storage.model_store import ModelStore
+from fedrl.server.storage.state_db import DbRunner, VersionRow
+from fedrl.server.storage.update_log import LoggedUpdate, UpdateLog
+from fedrl.server.strategy.aggregate import ParticipantSums, Strategy, apply_update, clip_by_norm
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from fedrl.common.hyperparameters import explore
 from fedrl.proto.v1 import federation_pb2 as pb
-from fedrl.server.exploit_explore import Verdict, decision_seed, judge
+from fedrl.server.population.exploit_explore import Verdict, decision_seed, judge
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS populations (

@@ -1,7 +1,7 @@
 """A session's bounded, durable store of experience batches: segment files + a SQLite index.
 
 Batches are appended to segment files as records framed as
-fedrl.server.record_frames says (magic b"FXB3", numbered by batch id) and
+fedrl.server.storage.record_frames says (magic b"FXB3", numbered by batch id) and
 indexed in SQLite; the index row is the commit point.
 A payload is the batch header (with its column specs) and the encoded block,
 as a pull sends them: serving a batch re-encodes it only to send it
@@ -47,7 +47,7 @@ from google.protobuf.message import DecodeError as ProtobufDecodeError
 from fedrl.common.durable_files import fsync_directory
 from fedrl.proto.v1 import experience_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.record_frames import RecordFrames
+from fedrl.server.storage.record_frames import RecordFrames
 
 log = logging.getLogger(__name__)
 

@@ -38,18 +38,16 @@ from fedrl.common.identity import safe_dirname, validate_participant_id
 from fedrl.common.spec import spec_difference, spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server import quarantine
-from fedrl.server.aggregation import Strategy, make_strategy, update_weight
-from fedrl.server.aggregator import (
+from fedrl.server.config import ServerConfig
+from fedrl.server.federation import quarantine
+from fedrl.server.federation.aggregator import (
     Aggregator,
     AggregatorSettings,
     AlreadySeededError,
     NamedTensors,
     Snapshot,
 )
-from fedrl.server.config import ServerConfig
-from fedrl.server.model_store import ModelStore
-from fedrl.server.norm_bound import NormBound, l2_norm
+from fedrl.server.federation.version_events import VersionEvents
 from fedrl.server.refusals import (
     AlreadyExistsError,
     InvalidRequestError,
@@ -58,8 +56,8 @@ from fedrl.server.refusals import (
     PreconditionError,
     RequestRefusedError,
 )
-from fedrl.server.request_fields import check_update_fields
-from fedrl.server.state_db import (
+from fedrl.server.storage.model_store import ModelStore
+from fedrl.server.storage.state_db import (
     AckBatcher,
     AckRow,
     DbRunner,
@@ -68,8 +66,15 @@ from fedrl.server.state_db import (
     goal_state,
     write_json_atomically,
 )
-from fedrl.server.update_log import LoggedUpdate, UnreadableRecord, UpdateLog, record_payload
-from fedrl.server.version_events import VersionEvents
+from fedrl.server.storage.update_log import (
+    LoggedUpdate,
+    UnreadableRecord,
+    UpdateLog,
+    record_payload,
+)
+from fedrl.server.strategy.aggregate import Strategy, make_strategy, update_weight
+from fedrl.server.strategy.norm_bound import NormBound, l2_norm
+from fedrl.server.transport.request_fields import check_update_fields
 
 log = logging.getLogger(__name__)
 

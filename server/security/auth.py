@@ -45,7 +45,7 @@ from fedrl.common.tls import (
     participant_id_from_cert,
     write_private,
 )
-from fedrl.server.handlers import GuardingInterceptor, guard_handler
+from fedrl.server.transport.handlers import GuardingInterceptor, guard_handler
 
 log = logging.getLogger(__name__)
 

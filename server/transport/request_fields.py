@@ -29,7 +29,7 @@ from collections.abc import Mapping
 
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.server.refusals import InvalidRequestError
-from fedrl.server.state_db import INT64_MAX
+from fedrl.server.storage.state_db import INT64_MAX
 
 METRIC_BOUND = 1e30
 """Largest |metric| accepted: a float64 sum of 2^63 such values stays finite."""

@@ -22,11 +22,11 @@ from fedrl.proto.v1 import experience_pb2 as pb
 from fedrl.proto.v1 import experience_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
 from fedrl.server.app import ServiceRegistration
-from fedrl.server.call_context import REFUSALS, Context, abort, acting_as, limits_key
-from fedrl.server.experience_exchange import ExperienceConfig, ExperienceExchange
-from fedrl.server.experience_store import Ack, StoredBatch
-from fedrl.server.limits import RateLimiter, StreamCounter, drain, with_idle_timeout
+from fedrl.server.experience.exchange import ExperienceConfig, ExperienceExchange
+from fedrl.server.experience.store import Ack, StoredBatch
 from fedrl.server.refusals import InvalidRequestError
+from fedrl.server.transport.call_context import REFUSALS, Context, abort, acting_as, limits_key
+from fedrl.server.transport.limits import RateLimiter, StreamCounter, drain, with_idle_timeout
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExperienceExchange"].full_name
 

@@ -20,13 +20,19 @@ from fedrl.proto.v1 import federation_pb2 as fpb
 from fedrl.proto.v1 import population_pb2 as pb
 from fedrl.proto.v1 import population_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.call_context import REFUSALS, Context, abort, acting_as, limits_key
-from fedrl.server.limits import LimitsConfig, RateLimiter, StreamCounter, drain, with_idle_timeout
-from fedrl.server.population import Population, ReportRequest
-from fedrl.server.population_db import Assignment
+from fedrl.server.federation.service import assemble_upload
+from fedrl.server.population.population import Population, ReportRequest
+from fedrl.server.population.records import Assignment
 from fedrl.server.refusals import InvalidRequestError
-from fedrl.server.service import assemble_upload
-from fedrl.server.state_db import goal_state
+from fedrl.server.storage.state_db import goal_state
+from fedrl.server.transport.call_context import REFUSALS, Context, abort, acting_as, limits_key
+from fedrl.server.transport.limits import (
+    LimitsConfig,
+    RateLimiter,
+    StreamCounter,
+    drain,
+    with_idle_timeout,
+)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Population"].full_name
 

@@ -14,8 +14,6 @@ import grpc
 
 from fedrl.common.errors import DecodeError
 from fedrl.common.identity import id_from_metadata, validate_participant_id
-from fedrl.server.auth import AuthError
-from fedrl.server.limits import LimitError
 from fedrl.server.refusals import (
     AlreadyExistsError,
     InvalidRequestError,
@@ -25,6 +23,8 @@ from fedrl.server.refusals import (
     PreconditionError,
     RequestRefusedError,
 )
+from fedrl.server.security.auth import AuthError
+from fedrl.server.transport.limits import LimitError
 
 # grpc ships no type stubs; a servicer context is untyped to mypy either way.
 Context: TypeAlias = Any

@@ -28,7 +28,7 @@ from fedrl.common.tls import (
     load_cert,
     write_private,
 )
-from fedrl.server import auth
+from fedrl.server.security import auth
 
 _DATA_DIR_HELP = "Server data dir; TLS material goes to <data-dir>/tls/."
 

@@ -28,7 +28,7 @@ from fedrl.common.chunking import DEFAULT_CHUNK_BYTES, DecodeLimits
 from fedrl.common.experience import ExperienceBatch, batch_header, decode_batch, encode_batch
 from fedrl.common.identity import safe_dirname
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.experience_store import (
+from fedrl.server.experience.store import (
     Ack,
     BatchTooLargeError,
     ExperienceStore,
@@ -36,17 +36,17 @@ from fedrl.server.experience_store import (
     StoreConfig,
     StoredBatch,
 )
-from fedrl.server.experience_validation import InvalidBatchError, ValidationLimits, validate_batch
-from fedrl.server.limits import LimitsConfig
+from fedrl.server.experience.validation import InvalidBatchError, ValidationLimits, validate_batch
+from fedrl.server.federation.federation import DB_FILE, SESSIONS_DIR, now_ms, validate_session_name
 from fedrl.server.refusals import (
     InvalidRequestError,
     NotFoundError,
     PreconditionError,
     RequestRefusedError,
 )
-from fedrl.server.request_fields import check_int
-from fedrl.server.session import DB_FILE, SESSIONS_DIR, now_ms, validate_session_name
-from fedrl.server.state_db import StateDB
+from fedrl.server.storage.state_db import StateDB
+from fedrl.server.transport.limits import LimitsConfig
+from fedrl.server.transport.request_fields import check_int
 
 T = TypeVar("T")
 

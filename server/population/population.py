@@ -31,20 +31,9 @@ from pathlib import Path
 
 from fedrl.common.hyperparameters import SEARCHED, check_hyperparameters
 from fedrl.common.identity import safe_dirname
-from fedrl.server import population_db
-from fedrl.server.aggregator import NamedTensors
 from fedrl.server.config import ServerConfig
-from fedrl.server.model_store import ModelStore, read_checkpoint
-from fedrl.server.population_db import (
-    Assignment,
-    MemberReport,
-    NotEnrolledError,
-    Ranking,
-    ReportOutcome,
-)
-from fedrl.server.refusals import InvalidRequestError, NotFoundError, PreconditionError
-from fedrl.server.request_fields import check_int, check_metric
-from fedrl.server.session import (
+from fedrl.server.federation.aggregator import NamedTensors
+from fedrl.server.federation.federation import (
     POPULATION,
     SESSIONS_DIR,
     Federation,
@@ -53,7 +42,18 @@ from fedrl.server.session import (
     now_ms,
     validate_id,
 )
-from fedrl.server.state_db import StateDB
+from fedrl.server.population import records as population_db
+from fedrl.server.population.records import (
+    Assignment,
+    MemberReport,
+    NotEnrolledError,
+    Ranking,
+    ReportOutcome,
+)
+from fedrl.server.refusals import InvalidRequestError, NotFoundError, PreconditionError
+from fedrl.server.storage.model_store import ModelStore, read_checkpoint
+from fedrl.server.storage.state_db import StateDB
+from fedrl.server.transport.request_fields import check_int, check_metric
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ Segment header, 24 bytes::
     first_lsn u64  equal to the file name's number
     crc       u32  CRC-32 of the 20 bytes above
 
-Then records, back to back, framed as fedrl.server.record_frames says
+Then records, back to back, framed as fedrl.server.storage.record_frames says
 (magic b"FRec", the record's number is its LSN), each payload holding::
 
       base_version i64, sequence u64, samples u64, env_steps u64, episodes u64,
@@ -72,7 +72,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from fedrl.common.durable_files import fsync_directory
-from fedrl.server.record_frames import FRAME_HEADER_SIZE, MAX_PAYLOAD, RecordFrames
+from fedrl.server.storage.record_frames import FRAME_HEADER_SIZE, MAX_PAYLOAD, RecordFrames
 
 _log = logging.getLogger(__name__)
 

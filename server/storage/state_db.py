@@ -31,8 +31,8 @@ from fedrl.common.durable_files import write_atomically
 from fedrl.common.status_file import status_to_json
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server import population_db
-from fedrl.server.experience_store import last_acknowledged, participant_counts
+from fedrl.server.experience.store import last_acknowledged, participant_counts
+from fedrl.server.population import records as population_db
 
 SCHEMA_VERSION = 1
 

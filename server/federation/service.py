@@ -25,25 +25,8 @@ from fedrl.common.errors import DecodeError
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.aggregator import NamedTensors
-from fedrl.server.call_context import (
-    REFUSALS,
-    Context,
-    abort,
-    acting_as,
-    authenticated_participant,
-    limits_key,
-)
-from fedrl.server.limits import (
-    LimitsConfig,
-    RateLimiter,
-    StreamCounter,
-    drain,
-    with_idle_timeout,
-)
-from fedrl.server.refusals import IncompleteUploadError, InvalidRequestError, LimitExceededError
-from fedrl.server.request_fields import check_pull_model, check_raise_goal
-from fedrl.server.session import (
+from fedrl.server.federation.aggregator import NamedTensors
+from fedrl.server.federation.federation import (
     ACCEPTED_DELTA_DTYPES,
     Federation,
     ModelView,
@@ -51,6 +34,23 @@ from fedrl.server.session import (
     PushResult,
     now_ms,
 )
+from fedrl.server.refusals import IncompleteUploadError, InvalidRequestError, LimitExceededError
+from fedrl.server.transport.call_context import (
+    REFUSALS,
+    Context,
+    abort,
+    acting_as,
+    authenticated_participant,
+    limits_key,
+)
+from fedrl.server.transport.limits import (
+    LimitsConfig,
+    RateLimiter,
+    StreamCounter,
+    drain,
+    with_idle_timeout,
+)
+from fedrl.server.transport.request_fields import check_pull_model, check_raise_goal
 
 log = logging.getLogger(__name__)
 
