@@ -10,9 +10,11 @@ import numpy as np
 
 from fedrl.common.spec import spec_hash
 from fedrl.server.federation.aggregator import Aggregator, AggregatorSettings
+from fedrl.server.storage.db_runner import DbRunner
 from fedrl.server.storage.model_store import ModelStore
-from fedrl.server.storage.state_db import DbRunner, StateDB
-from fedrl.server.storage.update_log import LoggedUpdate, UpdateLog
+from fedrl.server.storage.state_db import StateDB
+from fedrl.server.storage.update_log import UpdateLog
+from fedrl.server.storage.update_record import LoggedUpdate
 from fedrl.server.strategy.aggregate import WeightedMean
 from tests.support.server_harness import make_spec
 

@@ -178,8 +178,7 @@ class Node:
         self.model = self.model_state()
 
     def _start(self) -> InProcessServer:
-        registration, exchange = experience_service(self.data_dir, CONFIG)
-        service = dataclasses.replace(registration, close=exchange.close)
+        service = experience_service(self.data_dir, CONFIG)
         config = server_config(
             self.data_dir, buffer_size=1, push_rate_per_s=1000.0, push_burst=1000
         )

@@ -31,7 +31,7 @@ from tests.support.server_harness import (
 SPEC = make_spec([(4,)])
 ZEROS = [np.zeros(4, np.float32)]
 SEGMENT_HEADER = 24
-"""Bytes before a segment's first record (server/update_log.py)."""
+"""Bytes before a segment's first record (server/storage/update_log.py)."""
 
 
 def session_dir(data_dir: Path) -> Path:

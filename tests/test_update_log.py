@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedrl.common.bfloat16 import bfloat16_bits_to_float32, float32_to_bfloat16_bits
-from fedrl.server.storage.update_log import CorruptLogError, LoggedUpdate, UpdateLog, UpdateLogError
+from fedrl.server.storage.update_log import CorruptLogError, UpdateLog, UpdateLogError
+from fedrl.server.storage.update_record import LoggedUpdate
 
 SEGMENT_HEADER = 24
 FRAME_HEADER = 20

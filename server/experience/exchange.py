@@ -1,9 +1,9 @@
 """The experience exchange's domain rules: who may push, validation, exactly-once, budgets.
 
-Plain asyncio with no gRPC in it, as server/session.py is for the
-federation: the servicer (server/experience_service.py) turns stream
-messages into these calls and the refusals they raise (server/refusals.py)
-into status codes, so every rule here is reachable from a unit test without
+Plain asyncio with no gRPC in it, as federation/federation.py is for the
+federation: the servicer (experience/service.py) turns stream messages into
+these calls and the refusals they raise (server/refusals.py) into status
+codes, so every rule here is reachable from a unit test without
 a network.
 
 Sessions and membership come from the server's state database, read through
@@ -26,7 +26,6 @@ from typing import TypeVar
 
 from fedrl.common.chunking import DEFAULT_CHUNK_BYTES, DecodeLimits
 from fedrl.common.experience import ExperienceBatch, batch_header, decode_batch, encode_batch
-from fedrl.common.identity import safe_dirname
 from fedrl.proto.v1 import tensor_pb2 as tpb
 from fedrl.server.experience.store import (
     Ack,
@@ -37,7 +36,7 @@ from fedrl.server.experience.store import (
     StoredBatch,
 )
 from fedrl.server.experience.validation import InvalidBatchError, ValidationLimits, validate_batch
-from fedrl.server.federation.federation import DB_FILE, SESSIONS_DIR, now_ms, validate_session_name
+from fedrl.server.names import DB_FILE, now_ms, session_dir, validate_session_name
 from fedrl.server.refusals import (
     InvalidRequestError,
     NotFoundError,
@@ -255,7 +254,7 @@ class ExperienceExchange:
                 )
                 # Each commit is an ack promised to a participant: durable before it returns.
                 self._db.execute("PRAGMA synchronous=FULL")
-            directory = self._data_dir / SESSIONS_DIR / safe_dirname(session.name) / EXPERIENCE_DIR
+            directory = session_dir(self._data_dir, session.name) / EXPERIENCE_DIR
             store = ExperienceStore(
                 directory=directory, db=self._db, session=session.name, config=self._config.store
             )

@@ -1,9 +1,9 @@
 """The ExperienceExchange gRPC servicer: stream messages <-> domain calls, refusals -> status codes.
 
-Nothing here decides anything a unit test of server/experience_exchange.py
-could not reach: each handler reads its messages, assembles batches with
+Nothing here decides anything a unit test of experience/exchange.py could
+not reach: each handler reads its messages, assembles batches with
 fedrl.common.experience, calls ExperienceExchange, and answers refusals with
-their status codes (server/call_context.py).
+their status codes (transport/call_context.py).
 """
 
 # The generated servicer base class fixes the method names (PushExperience, ...).
@@ -21,11 +21,11 @@ from fedrl.common.experience import BatchAssembler, ExperienceBatch, chunk_block
 from fedrl.proto.v1 import experience_pb2 as pb
 from fedrl.proto.v1 import experience_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.app import ServiceRegistration
 from fedrl.server.experience.exchange import ExperienceConfig, ExperienceExchange
 from fedrl.server.experience.store import Ack, StoredBatch
 from fedrl.server.refusals import InvalidRequestError
 from fedrl.server.transport.call_context import REFUSALS, Context, abort, acting_as, limits_key
+from fedrl.server.transport.grpc_server import ServiceRegistration
 from fedrl.server.transport.limits import RateLimiter, StreamCounter, drain, with_idle_timeout
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExperienceExchange"].full_name
@@ -146,19 +146,17 @@ class ExperienceServicer(pb_grpc.ExperienceExchangeServicer):
             yield pb.ExperienceChunk(chunk=chunk)
 
 
-def experience_service(
-    data_dir: Path, config: ExperienceConfig
-) -> tuple[ServiceRegistration, ExperienceExchange]:
-    """The registration to pass to run_server's extra_services, and the domain to close at stop."""
+def experience_service(data_dir: Path, config: ExperienceConfig) -> ServiceRegistration:
+    """The ExperienceExchange service over the data dir's stores, closed with the server."""
     exchange = ExperienceExchange(data_dir, config)
     servicer = ExperienceServicer(exchange)
-    registration = ServiceRegistration(
+    return ServiceRegistration(
         name=SERVICE_NAME,
         add=lambda server: pb_grpc.add_ExperienceExchangeServicer_to_server(  # type: ignore[no-untyped-call]
             servicer, server
         ),
+        close=exchange.close,
     )
-    return registration, exchange
 
 
 def _add_chunk(assembler: BatchAssembler, chunk: tpb.TensorChunk) -> ExperienceBatch | None:

@@ -9,7 +9,7 @@ the session's spec declares (an unbounded side, ±inf, checks nothing): a
 value no environment of the session can produce is either a bug or an
 attack, and the learners of everyone else would train on it. A spec without
 bounds (empty low/high) has only its shape and dtype checked; Join refuses
-bounds that do not fit the shape (server/session.py check_spec).
+bounds that do not fit the shape (federation/checks.py check_spec).
 """
 
 from __future__ import annotations

@@ -39,9 +39,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from fedrl.server.storage.db_runner import DbRunner
 from fedrl.server.storage.model_store import ModelStore
-from fedrl.server.storage.state_db import DbRunner, VersionRow
-from fedrl.server.storage.update_log import LoggedUpdate, UpdateLog
+from fedrl.server.storage.state_db import VersionRow
+from fedrl.server.storage.update_log import UpdateLog
+from fedrl.server.storage.update_record import LoggedUpdate
 from fedrl.server.strategy.aggregate import ParticipantSums, Strategy, apply_update, clip_by_norm
 
 log = logging.getLogger(__name__)

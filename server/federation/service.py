@@ -1,9 +1,9 @@
 """The Federation gRPC servicer: messages <-> domain calls, domain errors -> status codes.
 
-Nothing here decides anything a unit test of server/session.py could not
-reach: each handler reads its messages, decodes tensors with
+Nothing here decides anything a unit test of federation/federation.py could
+not reach: each handler reads its messages, decodes tensors with
 fedrl.common.chunking, calls Federation, and answers refusals with their
-status codes (server/call_context.py).
+status codes (transport/call_context.py).
 """
 
 # The generated servicer base class fixes the method names (Join, PushUpdate, ...).
@@ -20,20 +20,17 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Any, TypeAlias, TypeVar
 
-from fedrl.common.chunking import DecodeLimits, TensorListAssembler, chunk_tensors
+from fedrl.common.chunking import DecodeLimits, chunk_tensors
 from fedrl.common.errors import DecodeError
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
+from fedrl.server.config import ServerConfig
 from fedrl.server.federation.aggregator import NamedTensors
-from fedrl.server.federation.federation import (
-    ACCEPTED_DELTA_DTYPES,
-    Federation,
-    ModelView,
-    PushRequest,
-    PushResult,
-    now_ms,
-)
+from fedrl.server.federation.checks import ACCEPTED_DELTA_DTYPES
+from fedrl.server.federation.federation import Federation
+from fedrl.server.federation.session import ModelView, PushRequest, PushResult
+from fedrl.server.names import now_ms
 from fedrl.server.refusals import IncompleteUploadError, InvalidRequestError, LimitExceededError
 from fedrl.server.transport.call_context import (
     REFUSALS,
@@ -43,6 +40,7 @@ from fedrl.server.transport.call_context import (
     authenticated_participant,
     limits_key,
 )
+from fedrl.server.transport.grpc_server import ServiceRegistration
 from fedrl.server.transport.limits import (
     LimitsConfig,
     RateLimiter,
@@ -51,13 +49,18 @@ from fedrl.server.transport.limits import (
     with_idle_timeout,
 )
 from fedrl.server.transport.request_fields import check_pull_model, check_raise_goal
+from fedrl.server.transport.uploads import assemble_upload, first_message
 
 log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Federation"].full_name
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 Encoded: TypeAlias = tuple[tpb.TensorListHeader, list[tpb.TensorChunk]]
+StatusSource: TypeAlias = Callable[[str, int], Awaitable[pb.StatusReply]]
+"""(session, max versions) -> the status reply: the status read model, above the features."""
 
 FULL_MODEL_DTYPES = (tpb.DTYPE_FLOAT32,)
 CODECS = (tpb.CODEC_NONE, tpb.CODEC_ZSTD)
@@ -95,12 +98,14 @@ class FederationServicer(pb_grpc.FederationServicer):
         self,
         federation: Federation,
         *,
+        status: StatusSource,
         limits: DecodeLimits,
         chunk_bytes: int,
         call_limits: LimitsConfig,
         cache_bytes: int = 64 << 20,
     ) -> None:
         self._federation = federation
+        self._status = status
         self._limits = limits
         self._chunk_bytes = chunk_bytes
         self._pushes = RateLimiter(
@@ -185,7 +190,7 @@ class FederationServicer(pb_grpc.FederationServicer):
         self, request_iterator: AsyncIterator[pb.ModelUpload], context: Context
     ) -> pb.SeedReply:
         async def handle(messages: AsyncIterator[pb.ModelUpload]) -> pb.SeedReply:
-            first = await _first(messages, "ModelUploadHeader")
+            first = await first_message(messages, "ModelUploadHeader")
             if not first.HasField("header"):
                 raise InvalidRequestError("a seed stream must start with its ModelUploadHeader")
             header = first.header
@@ -202,11 +207,11 @@ class FederationServicer(pb_grpc.FederationServicer):
         self, request_iterator: AsyncIterator[pb.UpdateChunk], context: Context
     ) -> pb.PushReply:
         async def handle(messages: AsyncIterator[pb.UpdateChunk]) -> pb.PushReply:
-            first = await _first(messages, "UpdateHeader")
+            first = await first_message(messages, "UpdateHeader")
             if not first.HasField("header"):
                 raise InvalidRequestError("an update stream must start with its UpdateHeader")
             header = first.header
-            # Range-checked as it is made (server/request_fields.py), before anything is logged.
+            # Range-checked as it is made (transport/request_fields.py), before anything is logged.
             request = _push_request(header, acting_as(context, header.participant_id))
             known = await self._federation.check_push(request)
             if known is not None:
@@ -295,13 +300,13 @@ class FederationServicer(pb_grpc.FederationServicer):
         self._cache.put(key, encoded)
         return encoded
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """Stop the encoding thread once no call is left."""
-        self._encoder.shutdown(wait=True)
+        await asyncio.to_thread(self._encoder.shutdown, wait=True)
 
     async def Status(self, request: pb.StatusRequest, context: Context) -> pb.StatusReply:
         return await self._guard(
-            context, lambda: self._federation.status(request.session, request.max_versions)
+            context, lambda: self._status(request.session, request.max_versions)
         )
 
     async def GetVersion(self, request: pb.GetVersionRequest, context: Context) -> pb.VersionNotice:
@@ -355,79 +360,6 @@ class FederationServicer(pb_grpc.FederationServicer):
         return await self._guard(context, call)
 
 
-async def assemble_upload(
-    header: tpb.TensorListHeader,
-    messages: AsyncIterator[Any],
-    what: str,
-    limits: DecodeLimits,
-) -> NamedTensors:
-    """The tensors of a stream whose header was read; every later message must be a chunk.
-
-    Chunks are gathered on the event loop, bounded by the list header the
-    assembler has already checked against the limits; decompressing and
-    converting them (tens of ms for a 1M-parameter model) runs on a worker
-    thread so other calls are not held up meanwhile.
-    """
-    _check_declared_size(header, what, limits)
-    assembler = TensorListAssembler(header, limits)
-    chunks: list[tpb.TensorChunk] = []
-    received = 0
-    async for message in messages:
-        if not message.HasField("chunk"):
-            raise InvalidRequestError(f"a second header inside the {what} stream")
-        if len(message.chunk.data) > limits.max_chunk_bytes:
-            raise LimitExceededError(
-                f"{what} chunk {message.chunk.index} carries {len(message.chunk.data)} bytes, "
-                f"above this server's chunk limit of {limits.max_chunk_bytes} "
-                "(--chunk-bytes; JoinReply.config.chunk_bytes)"
-            )
-        received += len(message.chunk.data)
-        if received > header.total_encoded_size:
-            raise DecodeError(
-                f"{what} stream carries more than its declared "
-                f"{header.total_encoded_size} encoded bytes"
-            )
-        chunks.append(message.chunk)
-    if not chunks or not chunks[-1].last:
-        # What a cancel or a cut connection looks like from here: grpc ends
-        # the request stream before it marks the call cancelled.
-        raise IncompleteUploadError(
-            f"the {what} stream ended before its final chunk (cut or cancelled)"
-        )
-    return await asyncio.to_thread(_decode, assembler, chunks)
-
-
-def _check_declared_size(header: tpb.TensorListHeader, what: str, limits: DecodeLimits) -> None:
-    """A declared size above a limit is refused as such, before a byte of it is read.
-
-    The assembler would refuse it too, as malformed (INVALID_ARGUMENT);
-    a size limit is RESOURCE_EXHAUSTED, naming the option that sets it.
-    """
-    if header.total_raw_size > limits.max_total_raw_bytes:
-        raise LimitExceededError(
-            f"{what} declares {header.total_raw_size} decoded bytes, above this server's "
-            f"limit of {limits.max_total_raw_bytes} (--max-model-bytes)"
-        )
-    if header.tensor_count > limits.max_tensors:
-        raise LimitExceededError(
-            f"{what} declares {header.tensor_count} tensors, above this server's "
-            f"limit of {limits.max_tensors}"
-        )
-
-
-def _decode(assembler: TensorListAssembler, chunks: list[tpb.TensorChunk]) -> NamedTensors:
-    for chunk in chunks:
-        assembler.add(chunk)
-    return assembler.result()
-
-
-async def _first(messages: AsyncIterator[T], expected: str) -> T:
-    try:
-        return await anext(messages)
-    except StopAsyncIteration:
-        raise InvalidRequestError(f"empty stream: expected a {expected} first") from None
-
-
 async def _first_of(*events: asyncio.Event) -> None:
     waiters = [asyncio.ensure_future(event.wait()) for event in events]
     try:
@@ -464,4 +396,26 @@ def _push_reply(result: PushResult) -> pb.PushReply:
         staleness=result.staleness,
         weight=result.weight,
         goal=result.goal,
+    )
+
+
+def federation_service(
+    federation: Federation, status: StatusSource, config: ServerConfig
+) -> ServiceRegistration:
+    """The Federation service over `federation`, answering Status from `status`."""
+    servicer = FederationServicer(
+        federation,
+        status=status,
+        limits=DecodeLimits(
+            max_total_raw_bytes=config.max_model_bytes, max_chunk_bytes=config.chunk_bytes
+        ),
+        chunk_bytes=config.chunk_bytes,
+        call_limits=config.limits,
+    )
+    return ServiceRegistration(
+        name=SERVICE_NAME,
+        add=lambda server: pb_grpc.add_FederationServicer_to_server(  # type: ignore[no-untyped-call]
+            servicer, server
+        ),
+        close=servicer.close,
     )

@@ -1,14 +1,14 @@
 """Population-based training across a session: enroll members, take their reports, serve donors.
 
-The domain behind the Population service (server/population_service.py),
-with no gRPC in it. A session becomes a population by its first Join
-(mode "pbt", server/session.py); members then Enroll with their
-hyperparameters and Report their latest model and score. The rule that ranks
-them is server/exploit_explore.py, the records are server/population_db.py.
+The domain behind the Population service (population/service.py), with no
+gRPC in it. A session becomes a population by its first Join (mode "pbt",
+federation/federation.py); members then Enroll with their hyperparameters
+and Report their latest model and score. The rule that ranks them is
+population/exploit_explore.py, the records are population/records.py.
 
 Durability, as for every other server state: a report's model is written to
 its own file (one per member and report sequence, fsynced and renamed into
-place: server/model_store.py) before the transaction that takes the report
+place: storage/model_store.py) before the transaction that takes the report
 names it; that transaction also makes the ranking's decision, so a decision
 is visible exactly when committed. A kill before the commit leaves a file no
 row names, which `open` deletes at the next start; files the rows stop
@@ -33,16 +33,11 @@ from fedrl.common.hyperparameters import SEARCHED, check_hyperparameters
 from fedrl.common.identity import safe_dirname
 from fedrl.server.config import ServerConfig
 from fedrl.server.federation.aggregator import NamedTensors
-from fedrl.server.federation.federation import (
-    POPULATION,
-    SESSIONS_DIR,
-    Federation,
-    Session,
-    check_tensors,
-    now_ms,
-    validate_id,
-)
-from fedrl.server.population import records as population_db
+from fedrl.server.federation.checks import check_tensors
+from fedrl.server.federation.federation import Federation
+from fedrl.server.federation.session import POPULATION, Session
+from fedrl.server.names import now_ms, session_dir
+from fedrl.server.population import records
 from fedrl.server.population.records import (
     Assignment,
     MemberReport,
@@ -107,9 +102,11 @@ class Population:
         self._stores: dict[tuple[str, str], ModelStore] = {}
 
     async def open(self) -> None:
-        """Delete model files no committed row needs (a kill between a write and its commit)."""
-        names = await self._db(lambda db: population_db.population_sessions(db.connection))
-        for name in sorted(names):
+        """Create the population's tables, then delete model files no committed row needs
+        (a kill between a write and its commit)."""
+        await self._db(lambda db: db.create_tables(records.SCHEMA))
+        rows = await self._db(lambda db: db.sessions())
+        for name in sorted(row.name for row in rows if row.population):
             kept = await self._db(functools.partial(_referenced, session=name))
             await asyncio.to_thread(self._remove_unneeded, name, kept)
 
@@ -119,13 +116,13 @@ class Population:
         self, session_name: str, participant_id: str, hyperparameters: Mapping[str, float]
     ) -> Assignment:
         session = self._population(session_name)
-        pid = self._joined(session, participant_id)
+        pid = self._federation.member(session, participant_id)
         values = self._check_hyperparameters(session, hyperparameters)
         now = now_ms()
 
         def enroll(db: StateDB) -> Assignment:
             with db.transaction() as conn:
-                return population_db.enroll(conn, session.name, pid, values, now)
+                return records.enroll(conn, session.name, pid, values, now)
 
         assignment = await self._db(enroll)
         self._federation.population_changed(session)
@@ -136,15 +133,9 @@ class Population:
     async def report(self, request: ReportRequest, tensors: NamedTensors) -> ReportOutcome:
         """Keep the member's model and figures; rank it when it is ready (module docstring)."""
         session = self._population(request.session)
-        pid = self._joined(session, request.participant_id)
-        if request.spec_hash != session.spec_hash:
-            raise PreconditionError(
-                f"spec_hash {request.spec_hash or '(empty)'} differs from the spec hash of "
-                f"session {session.name!r} ({session.spec_hash}); Join again with its model"
-            )
-        known = await self._db(
-            lambda db: population_db.assignment(db.connection, session.name, pid)
-        )
+        pid = self._federation.member(session, request.participant_id)
+        session.check_hash(request.spec_hash)
+        known = await self._db(lambda db: records.assignment(db.connection, session.name, pid))
         if known is None:
             raise PreconditionError(f"{pid} has not enrolled in population {session.name!r}")
         path = ""
@@ -165,7 +156,7 @@ class Population:
 
         def record(db: StateDB) -> ReportOutcome:
             with db.transaction() as conn:
-                return population_db.record_report(conn, member_report, self._ranking)
+                return records.record_report(conn, member_report, self._ranking)
 
         try:
             outcome = await self._db(record)
@@ -184,10 +175,10 @@ class Population:
 
     async def donor(self, session_name: str, participant_id: str, generation: int) -> DonorModel:
         session = self._population(session_name)
-        pid = self._joined(session, participant_id)
+        pid = self._federation.member(session, participant_id)
         check_int(generation, "PullDonorRequest.generation", low=1)
         path = await self._db(
-            lambda db: population_db.donor_checkpoint(db.connection, session.name, pid, generation)
+            lambda db: records.donor_checkpoint(db.connection, session.name, pid, generation)
         )
         if path is None:
             raise NotFoundError(
@@ -214,14 +205,6 @@ class Population:
             )
         return session
 
-    def _joined(self, session: Session, participant_id: str) -> str:
-        pid = validate_id(participant_id)
-        if pid not in session.participants:
-            raise PreconditionError(
-                f"participant {pid!r} has not joined session {session.name!r}; call Join first"
-            )
-        return pid
-
     def _check_hyperparameters(
         self, session: Session, values: Mapping[str, float]
     ) -> dict[str, float]:
@@ -243,7 +226,7 @@ class Population:
             raise InvalidRequestError(str(exc)) from None
 
     def _root(self, session: str) -> Path:
-        return self._config.data_dir / SESSIONS_DIR / safe_dirname(session) / POPULATION_DIR
+        return session_dir(self._config.data_dir, session) / POPULATION_DIR
 
     def _store(self, session: str, pid: str) -> ModelStore:
         key = (session, pid)
@@ -277,4 +260,4 @@ class Population:
 
 
 def _referenced(db: StateDB, session: str) -> set[str]:
-    return population_db.referenced_checkpoints(db.connection, session)
+    return records.referenced_checkpoints(db.connection, session)

@@ -1,9 +1,9 @@
 """A population session's records in the state database: members, generations, decisions.
 
-Three tables beside the federation's (server/state_db.py runs SCHEMA as it
-opens the database, in the same file and on the same connection):
+Two tables beside the federation's, in the same database file (the
+population creates them as it opens; which sessions are populations is the
+state database's own populations table):
 
-- populations: the sessions created as populations (their mode).
 - members: one row per member: its generation and hyperparameters now, its
   latest score, env steps and report, and when it was last ranked.
 - member_generations: one row per generation of each member, never changed
@@ -18,7 +18,7 @@ its row is committed, and a kill at any moment leaves either the state before
 the report or the state after it with its decision.
 
 Checkpoint files are written before the transaction that names them (by
-server/population.py); a file no committed row names is a leftover, and
+population/population.py); a file no committed row names is a leftover, and
 `referenced_checkpoints` says which files the rows still need.
 """
 
@@ -33,12 +33,9 @@ from dataclasses import dataclass
 from fedrl.common.hyperparameters import explore
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.server.population.exploit_explore import Verdict, decision_seed, judge
+from fedrl.server.storage.state_db import INT64_MAX
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS populations (
-    session TEXT PRIMARY KEY REFERENCES sessions(name),
-    created_ms INTEGER NOT NULL
-);
 CREATE TABLE IF NOT EXISTS members (
     session TEXT NOT NULL REFERENCES sessions(name),
     participant_id TEXT NOT NULL,
@@ -70,10 +67,6 @@ CREATE TABLE IF NOT EXISTS member_generations (
     PRIMARY KEY (session, participant_id, generation)
 );
 """
-
-SATURATE_AT = (1 << 63) - 1
-"""SQLite's largest INTEGER, where counters stop (as state_db's INT64_MAX; that module
-imports this one, so the number is spelled out here)."""
 
 
 class NotEnrolledError(LookupError):
@@ -133,19 +126,6 @@ class ReportOutcome:
     """Checkpoint files no row needs any more (the caller deletes them)."""
     goal_total: int
     goal_done: int
-
-
-def mark_population(conn: sqlite3.Connection, session: str, now_ms: int) -> None:
-    conn.execute(
-        "INSERT OR IGNORE INTO populations (session, created_ms) VALUES (?, ?)", (session, now_ms)
-    )
-
-
-def population_sessions(conn: sqlite3.Connection) -> set[str]:
-    if not _has_table(conn, "populations"):
-        # A read-only view of a database no population-aware server has opened.
-        return set()
-    return {name for (name,) in conn.execute("SELECT session FROM populations")}
 
 
 def enroll(
@@ -359,7 +339,7 @@ def _count(
         ).fetchone()
         conn.execute(
             f"UPDATE {table} SET {done_column}=?, env_steps=? WHERE {key}",
-            (min(SATURATE_AT, done + episodes), min(SATURATE_AT, steps + env_steps), *params),
+            (min(INT64_MAX, done + episodes), min(INT64_MAX, steps + env_steps), *params),
         )
     conn.execute(
         "UPDATE participants SET updates_accepted=updates_accepted+1, "

@@ -1,9 +1,9 @@
 """The Population gRPC servicer: messages <-> domain calls, refusals -> status codes.
 
-Nothing here decides anything a unit test of server/population.py could not
-reach: each handler reads its messages, decodes tensors with the Federation
-servicer's upload assembly (server/service.py), calls Population, and answers
-refusals with their status codes (server/call_context.py).
+Nothing here decides anything a unit test of population/population.py could
+not reach: each handler reads its messages, decodes tensors as every upload
+is decoded (transport/uploads.py), calls Population, and answers refusals
+with their status codes (transport/call_context.py).
 """
 
 # The generated servicer base class fixes the method names (Enroll, Report, PullDonor).
@@ -20,12 +20,13 @@ from fedrl.proto.v1 import federation_pb2 as fpb
 from fedrl.proto.v1 import population_pb2 as pb
 from fedrl.proto.v1 import population_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.federation.service import assemble_upload
+from fedrl.server.config import ServerConfig
+from fedrl.server.federation.session import goal_state
 from fedrl.server.population.population import Population, ReportRequest
 from fedrl.server.population.records import Assignment
 from fedrl.server.refusals import InvalidRequestError
-from fedrl.server.storage.state_db import goal_state
 from fedrl.server.transport.call_context import REFUSALS, Context, abort, acting_as, limits_key
+from fedrl.server.transport.grpc_server import ServiceRegistration
 from fedrl.server.transport.limits import (
     LimitsConfig,
     RateLimiter,
@@ -33,6 +34,7 @@ from fedrl.server.transport.limits import (
     drain,
     with_idle_timeout,
 )
+from fedrl.server.transport.uploads import assemble_upload, first_message
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Population"].full_name
 
@@ -92,10 +94,7 @@ class PopulationServicer(pb_grpc.PopulationServicer):
     async def _report(
         self, messages: AsyncIterator[pb.ReportChunk], context: Context
     ) -> pb.ReportReply:
-        try:
-            first = await anext(messages)
-        except StopAsyncIteration:
-            raise InvalidRequestError("empty stream: expected a ReportHeader first") from None
+        first = await first_message(messages, "ReportHeader")
         if not first.HasField("header"):
             raise InvalidRequestError("a report stream must start with its ReportHeader")
         header = first.header
@@ -165,3 +164,21 @@ def _reason(stale: bool, reason: str) -> str:
     if stale:
         return "trained in a generation this member has left: adopt its assignment first"
     return reason
+
+
+def population_service(population: Population, config: ServerConfig) -> ServiceRegistration:
+    """The Population service over `population`."""
+    servicer = PopulationServicer(
+        population,
+        limits=DecodeLimits(
+            max_total_raw_bytes=config.max_model_bytes, max_chunk_bytes=config.chunk_bytes
+        ),
+        chunk_bytes=config.chunk_bytes,
+        call_limits=config.limits,
+    )
+    return ServiceRegistration(
+        name=SERVICE_NAME,
+        add=lambda server: pb_grpc.add_PopulationServicer_to_server(  # type: ignore[no-untyped-call]
+            servicer, server
+        ),
+    )

@@ -45,6 +45,7 @@ from fedrl.common.tls import (
     participant_id_from_cert,
     write_private,
 )
+from fedrl.server.transport.call_context import CallError
 from fedrl.server.transport.handlers import GuardingInterceptor, guard_handler
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class AuthMode(enum.StrEnum):
     """Plaintext: the id in metadata is believed. Loopback only, or an explicit --insecure."""
 
 
-class AuthError(Exception):
+class AuthError(CallError):
     """A call that may not proceed; ``code`` is the gRPC status to answer with."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:

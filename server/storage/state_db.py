@@ -14,25 +14,16 @@ move in the same transaction as the ack row, so they can never disagree.
 
 from __future__ import annotations
 
-import asyncio
-import bisect
 import dataclasses
-import functools
 import json
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
-from fedrl.common.durable_files import write_atomically
-from fedrl.common.status_file import status_to_json
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.experience.store import last_acknowledged, participant_counts
-from fedrl.server.population import records as population_db
 
 SCHEMA_VERSION = 1
 
@@ -41,8 +32,6 @@ QUARANTINED = -1
 
 INT64_MAX = (1 << 63) - 1
 """SQLite's largest INTEGER: where the episode and step totals stop (saturate)."""
-
-T = TypeVar("T")
 
 # Other connections write this file too (the experience store's tables); a
 # commit of theirs holds the write lock for milliseconds, so wait, don't fail.
@@ -121,9 +110,15 @@ CREATE TABLE IF NOT EXISTS quarantined (
 -- Covers the env steps per version of the status view (each version's place on
 -- the learning curve), so that sum reads the index alone.
 CREATE INDEX IF NOT EXISTS acks_by_version ON acks (session, applied_version, env_steps);
+-- The sessions created as populations (population-based training, server/population/):
+-- their mode, fixed by the first Join.
+CREATE TABLE IF NOT EXISTS populations (
+    session TEXT PRIMARY KEY REFERENCES sessions(name),
+    created_ms INTEGER NOT NULL
+);
 """
-# quarantined came after schema version 1 shipped; CREATE TABLE IF NOT EXISTS
-# adds it to an older database as it opens, so the version need not change.
+# quarantined and populations came after schema version 1 shipped; CREATE TABLE IF
+# NOT EXISTS adds them to an older database as it opens, so the version need not change.
 
 
 @dataclass(frozen=True)
@@ -137,7 +132,7 @@ class SessionRow:
     episodes_done: int
     env_steps: int
     population: bool = False
-    """A population-based training session (server/population.py), not an averaging one."""
+    """A population-based training session (server/population/), not an averaging one."""
 
 
 @dataclass(frozen=True)
@@ -165,7 +160,7 @@ class AckRow:
     """The version base_eval_return scores; None: the base version."""
     applied_version: int | None = None
     """The version this update was folded into; None while it waits in the buffer,
-    QUARANTINED once it was set aside (never applied; see server/quarantine.py)."""
+    QUARANTINED once it was set aside (never applied; see federation/quarantine.py)."""
 
 
 @dataclass(frozen=True)
@@ -204,25 +199,32 @@ class StateDB:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.executescript(_SCHEMA)
-            # Tables added after schema version 1 shipped, created as an older database opens.
-            self._conn.executescript(population_db.SCHEMA)
             self._check_schema_version()
         self._conn.execute("PRAGMA foreign_keys=ON")
-        self._env_steps: dict[str, tuple[list[int], list[int]]] = {}
-        """Per session: committed versions that folded in acks, and the running sum of their
-        env steps (see _env_steps_by_version)."""
 
     def close(self) -> None:
         self._conn.close()
 
     @property
     def connection(self) -> sqlite3.Connection:
-        """For modules that keep tables of their own here (server/population_db.py): reads."""
+        """For the parts that keep tables of their own here (the population's records) and
+        for the status read model: reads."""
         return self._conn
 
     def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
-        """For modules that keep tables of their own here: one write transaction."""
+        """For the parts that keep tables of their own here: one write transaction."""
         return self._transaction()
+
+    def create_tables(self, schema: str) -> None:
+        """Run a part's CREATE TABLE IF NOT EXISTS script: its tables live in this file too."""
+        self._conn.executescript(schema)
+
+    def has_table(self, name: str) -> bool:
+        """Whether the table exists (a read-only view of an older database may lack it)."""
+        row = self._conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)
+        ).fetchone()
+        return row is not None
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -270,7 +272,11 @@ class StateDB:
             "SELECT name, spec, spec_hash, goal_total, episodes_done, env_steps "
             "FROM sessions ORDER BY name"
         ).fetchall()
-        populations = population_db.population_sessions(self._conn)
+        populations = (
+            {name for (name,) in self._conn.execute("SELECT session FROM populations")}
+            if self.has_table("populations")
+            else set()
+        )
         return [
             SessionRow(
                 name,
@@ -302,7 +308,9 @@ class StateDB:
                 (name, spec.SerializeToString(), spec_hash, spec.env_id, goal_total, now_ms),
             )
             if population:
-                population_db.mark_population(db, name, now_ms)
+                db.execute(
+                    "INSERT INTO populations (session, created_ms) VALUES (?, ?)", (name, now_ms)
+                )
 
     def set_goal(self, session: str, goal_total: int) -> None:
         with self._transaction() as db:
@@ -420,7 +428,7 @@ class StateDB:
         with self._transaction() as db:
             return [_insert_ack(db, ack) for ack in acks]
 
-    # Updates set aside (server/quarantine.py).
+    # Updates set aside (server/federation/quarantine.py).
 
     def quarantine(
         self,
@@ -456,20 +464,14 @@ class StateDB:
         ).fetchone()
         return row is not None
 
-    def _quarantined_count(self, session: str) -> int:
-        if not self._has_table("quarantined"):
+    def quarantined_count(self, session: str) -> int:
+        if not self.has_table("quarantined"):
             # A read-only view of a database no newer server has opened yet.
             return 0
         (count,) = self._conn.execute(
             "SELECT COUNT(*) FROM quarantined WHERE session=?", (session,)
         ).fetchone()
         return int(count)
-
-    def _has_table(self, name: str) -> bool:
-        row = self._conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)
-        ).fetchone()
-        return row is not None
 
     # Versions.
 
@@ -498,7 +500,7 @@ class StateDB:
             )
 
     def latest_version(self, session: str) -> VersionRow | None:
-        rows = self._version_rows(session, limit=1)
+        rows = self.version_rows(session, limit=1)
         return rows[0] if rows else None
 
     def best_version(self, session: str) -> tuple[int, float] | None:
@@ -518,7 +520,8 @@ class StateDB:
                 [(session, v) for v in versions],
             )
 
-    def _version_rows(self, session: str, *, limit: int) -> list[VersionRow]:
+    def version_rows(self, session: str, *, limit: int) -> list[VersionRow]:
+        """The session's newest `limit` versions, newest first."""
         rows = self._conn.execute(
             "SELECT version, parent, created_ms, lsn, contributors, max_staleness, mean_return, "
             "checkpoint FROM versions WHERE session=? ORDER BY version DESC LIMIT ?",
@@ -528,131 +531,6 @@ class StateDB:
             VersionRow(session, v, parent, ms, lsn, tuple(json.loads(c)), stale, mean, ckpt)
             for v, parent, ms, lsn, c, stale, mean, ckpt in rows
         ]
-
-    def last_experience_sequence(self, session: str, participant_id: str) -> int:
-        """The participant's newest acknowledged experience batch (JoinReply), 0 if none."""
-        return last_acknowledged(self._conn, session, participant_id)
-
-    # The status view, shared by the Status RPC, global_state.json and the CLI.
-
-    def status(self, session: str | None, max_versions: int, now_ms: int) -> pb.StatusReply:
-        reply = pb.StatusReply(server_time_unix_ms=now_ms)
-        config = self.session_config()
-        for row in self.sessions():
-            if session and row.name != session:
-                continue
-            reply.sessions.append(self._session_state(row, max_versions, config))
-        return reply
-
-    def _session_state(
-        self, row: SessionRow, max_versions: int, config: pb.SessionConfig
-    ) -> pb.SessionState:
-        latest = self.latest_version(row.name)
-        state = pb.SessionState(
-            session=row.name,
-            spec_hash=row.spec_hash,
-            env_id=row.spec.env_id,
-            goal=goal_state(row.goal_total, row.episodes_done),
-            env_steps=row.env_steps,
-            current_version=latest.version if latest else -1,
-            best_version=-1,
-            config=config,
-            updates_quarantined=self._quarantined_count(row.name),
-            mode="pbt" if row.population else "federated",
-        )
-        if row.population:
-            population_db.describe(self._conn, row.name, state)
-        best = self.best_version(row.name)
-        if best is not None:
-            state.best_version, state.best_eval_return = best
-        participants = self._conn.execute(
-            "SELECT participant_id, first_seen_ms, last_seen_ms, status, episodes, env_steps, "
-            "updates_accepted, updates_rejected, updates_duplicate, best_eval_return "
-            "FROM participants WHERE session=? ORDER BY first_seen_ms, participant_id",
-            (row.name,),
-        ).fetchall()
-        experience = participant_counts(self._conn, row.name)
-        for pid, first, last, status, eps, steps, acc, rej, dup, best_eval in participants:
-            batches, rejected = experience.get(pid, (0, 0))
-            item = state.participants.add(
-                participant_id=pid,
-                first_seen_unix_ms=first,
-                last_seen_unix_ms=last,
-                status=status,
-                episodes=eps,
-                env_steps=steps,
-                updates_accepted=acc,
-                updates_rejected=rej,
-                updates_duplicate=dup,
-                experience_batches=batches,
-                experience_rejected=rejected,
-            )
-            if best_eval is not None:
-                item.best_eval_return = best_eval
-            state.active_participants += status == "active"
-        evals = dict(
-            self._conn.execute(
-                "SELECT version, eval_sum / eval_count FROM versions "
-                "WHERE session=? AND eval_count > 0",
-                (row.name,),
-            ).fetchall()
-        )
-        env_steps = self._env_steps_by_version(row.name)
-        for version in self._version_rows(row.name, limit=max_versions):
-            listed = state.versions.add(
-                version=version.version,
-                parent=version.parent,
-                created_unix_ms=version.created_ms,
-                contributors=list(version.contributors),
-                max_staleness=version.max_staleness,
-                checkpoint=version.checkpoint,
-                env_steps=env_steps(version.version),
-            )
-            if version.mean_return is not None:
-                listed.mean_return = version.mean_return
-            if version.version in evals:
-                listed.eval_return = evals[version.version]
-            if version.version == state.best_version:
-                state.best_checkpoint = version.checkpoint
-        if state.best_version >= 0 and not state.best_checkpoint:
-            found = self._conn.execute(
-                "SELECT checkpoint FROM versions WHERE session=? AND version=?",
-                (row.name, state.best_version),
-            ).fetchone()
-            state.best_checkpoint = found[0] if found else ""
-        return state
-
-    def _env_steps_by_version(self, session: str) -> Callable[[int], int]:
-        """Env steps folded into each version and its ancestors, as a lookup by version.
-
-        Versions form one chain (each is its parent plus the updates folded
-        into it), so the sum over acks applied at or below a version is what
-        the global model had learned from at that version. A version's acks
-        are marked in the transaction that commits it and never change after,
-        so the running sums are kept and each call reads only the acks of
-        versions committed since the last one (the status view is read every
-        second; summing a long session's every ack each time would not be free).
-        """
-        versions, totals = self._env_steps.setdefault(session, ([], []))
-        rows = self._conn.execute(
-            "SELECT applied_version, SUM(env_steps) FROM acks "
-            "WHERE session=? AND applied_version > ? "
-            "GROUP BY applied_version ORDER BY applied_version",
-            (session, versions[-1] if versions else -1),
-        ).fetchall()
-        for version, steps in rows:
-            versions.append(int(version))
-            totals.append((totals[-1] if totals else 0) + int(steps))
-
-        def lookup(version: int) -> int:
-            at = bisect.bisect_right(versions, version)
-            return totals[at - 1] if at else 0
-
-        return lookup
-
-
-def goal_state(total: int, done: int) -> pb.GoalState:
-    return pb.GoalState(total_episodes=total, episodes_done=done, reached=done >= total)
 
 
 def _insert_ack(db: sqlite3.Connection, ack: AckRow) -> AckRow | None:
@@ -734,70 +612,3 @@ def _saturated_sum(column: str, parameter: int) -> str:
         f"CASE WHEN {column} > {INT64_MAX} - ?{parameter} THEN {INT64_MAX} "
         f"ELSE {column} + ?{parameter} END"
     )
-
-
-def write_json_atomically(path: Path, reply: pb.StatusReply) -> None:
-    """Replace `path` with the status as JSON; readers see the old or the new file, never half.
-
-    Unique temporary names: a rewrite still running on a worker thread when
-    the server's last one starts (at shutdown) must not share its file.
-    """
-    data = (status_to_json(reply) + "\n").encode("utf-8")
-    write_atomically(path, lambda file: file.write(data), unique=True)
-
-
-class DbRunner:
-    """Runs StateDB calls on one dedicated thread, so the event loop never blocks on fsync."""
-
-    def __init__(self, db: StateDB) -> None:
-        self.db = db
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedrl-db")
-
-    async def __call__(self, call: Callable[[StateDB], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, call, self.db)
-
-    def close(self) -> None:
-        self._executor.shutdown(wait=True)
-        self.db.close()
-
-
-class AckBatcher:
-    """Group commit of ack rows: acks that arrive while a transaction runs share the next one.
-
-    Each ack row is committed with synchronous=FULL before its push is
-    answered; one transaction per push made concurrent pushes queue for
-    one fsync each on the database thread. Here a caller waits only for
-    the transaction that holds its row, and rows queued meanwhile go into
-    the next transaction together.
-    """
-
-    def __init__(self, runner: DbRunner) -> None:
-        self._runner = runner
-        self._queued: list[tuple[AckRow, asyncio.Future[AckRow | None]]] = []
-        self._writer: asyncio.Task[None] | None = None
-
-    async def record(self, ack: AckRow) -> AckRow | None:
-        """StateDB.record_acks for this ack, committed together with the acks queued beside it."""
-        done: asyncio.Future[AckRow | None] = asyncio.get_running_loop().create_future()
-        self._queued.append((ack, done))
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_queued(), name="fedrl-ack-writer")
-        return await done
-
-    async def _write_queued(self) -> None:
-        while self._queued:
-            group, self._queued = self._queued, []
-            record = functools.partial(StateDB.record_acks, acks=[ack for ack, _ in group])
-            try:
-                stored = await self._runner(record)
-            except Exception as exc:
-                # Every push in the group fails and is retried by its client,
-                # as a lone push whose transaction failed always was.
-                for _, done in group:
-                    if not done.done():
-                        done.set_exception(exc)
-                continue
-            for (_, done), row in zip(group, stored, strict=True):
-                # A caller cancelled meanwhile (server shutdown) no longer waits.
-                if not done.done():
-                    done.set_result(row)

@@ -1,9 +1,8 @@
 """What a servicer reads from a call and answers through it: who calls, refusals as status codes.
 
-Both servicers (server/service.py, server/experience_service.py) take the
-participant a request speaks for from here, and answer a refusal with the
-status code it maps to here, so the two services cannot drift apart on
-either.
+Every servicer (federation, experience, population) takes the participant a
+request speaks for from here, and answers a refusal with the status code it
+maps to here, so the services cannot drift apart on either.
 """
 
 from __future__ import annotations
@@ -23,11 +22,16 @@ from fedrl.server.refusals import (
     PreconditionError,
     RequestRefusedError,
 )
-from fedrl.server.security.auth import AuthError
-from fedrl.server.transport.limits import LimitError
 
 # grpc ships no type stubs; a servicer context is untyped to mypy either way.
 Context: TypeAlias = Any
+
+
+class CallError(Exception):
+    """A call refused with a status code of its own: authentication, a per-participant limit."""
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
 
 # Most specific first: DecodeError is a ValueError, so order matters.
 STATUS_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
@@ -39,13 +43,13 @@ STATUS_CODES: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (LimitExceededError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
 )
-REFUSALS = (RequestRefusedError, DecodeError, AuthError, LimitError)
+REFUSALS = (RequestRefusedError, DecodeError, CallError)
 """Refusals a handler answers with their own status; any other exception is a bug (INTERNAL)."""
 
 
 def status_code(exc: BaseException) -> grpc.StatusCode | None:
     """The status code a refusal maps to; None for a bug (INTERNAL)."""
-    if isinstance(exc, AuthError | LimitError):
+    if isinstance(exc, CallError):
         return exc.code
     for kind, code in STATUS_CODES:
         if isinstance(exc, kind):

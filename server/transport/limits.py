@@ -23,6 +23,8 @@ from typing import Protocol, TypeVar
 
 import grpc
 
+from fedrl.server.transport.call_context import CallError
+
 T = TypeVar("T")
 
 _PRUNE_ABOVE = 1024
@@ -53,7 +55,7 @@ class LimitsConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 
-class LimitError(Exception):
+class LimitError(CallError):
     """A call went past a limit; the message says which one and its value."""
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED

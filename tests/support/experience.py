@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -95,9 +94,7 @@ class Server(InProcessServer):
 
     def __init__(self, data_dir: Path, config: ExperienceConfig = CONFIG, **overrides: Any) -> None:
         """`overrides`: ServerConfig fields other than the defaults (server_config)."""
-        registration, exchange = experience_service(data_dir, config)
-        # Closed with the server, as `fedrl-server serve` closes it.
-        service = dataclasses.replace(registration, close=exchange.close)
+        service = experience_service(data_dir, config)
         super().__init__(server_config(data_dir, **overrides), extra_services=[service])
         self.data_dir = data_dir
 
