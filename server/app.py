@@ -42,7 +42,7 @@ from fedrl.server.population.service import population_service
 from fedrl.server.security.auth import HEALTH_METHODS, AuthInterceptor, server_transport
 from fedrl.server.status.global_state import GlobalStateFile
 from fedrl.server.status.read_model import ServerStatus
-from fedrl.server.strategy.aggregate import Strategy
+from fedrl.server.strategy.strategy import Rule, Strategy
 from fedrl.server.transport.grpc_server import (
     MalformedRequestInterceptor,
     ServiceRegistration,
@@ -82,12 +82,12 @@ async def run_server(
     *,
     extra_services: Sequence[ServiceRegistration] = (),
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
-    strategy: Callable[[], Strategy] | None = None,
+    strategy: Callable[[Rule], Strategy] | None = None,
 ) -> tuple[RunningServer, int]:
     """Recover state, start serving on config.host:config.port; return the server and real port.
 
-    `strategy`, when given, makes each session's aggregation strategy instead
-    of the one config.strategy names.
+    `strategy`, when given, makes each session's aggregation strategy from the
+    server's rule instead of the one config.strategy names.
     """
     # Decided before anything is opened: a refused address touches no state.
     transport = server_transport(

@@ -258,7 +258,7 @@ def test_update_acked_after_a_newer_one_was_applied_is_applied_after_a_crash(
         await federation.push(bob, [("t0", np.ones(4, np.float32))])
         while session.aggregator.current_version < 1:
             await asyncio.wait_for(session.changed.wait(), timeout=30)
-        await federation.pushes.acknowledge(session, slow)
+        await federation.pushes.acknowledge(session, slow, norm=6.0)
         # kill -9 here: alice is acknowledged, her update in no version. A dead
         # process also drops its lock on the log, which closing it stands for.
         session.update_log.close()

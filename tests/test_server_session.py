@@ -16,6 +16,7 @@ from fedrl.server.federation.federation import Federation
 from fedrl.server.federation.session import PushRequest
 from fedrl.server.refusals import InvalidRequestError, NotFoundError, PreconditionError
 from fedrl.server.status.read_model import ServerStatus
+from fedrl.server.strategy.fedavg import FedAvg
 from tests.support.server_harness import make_spec, server_config
 
 T = TypeVar("T")
@@ -215,7 +216,7 @@ def test_clip_norm_bounds_each_update_before_averaging(tmp_path: Path) -> None:
 
 
 def test_an_injected_strategy_replaces_the_configured_one(tmp_path: Path) -> None:
-    class FirstOnly:
+    class FirstOnly(FedAvg):
         name = "first"
 
         def aggregate(

@@ -1,23 +1,22 @@
 """The single writer of a session's global model: an asyncio task (FedBuff).
 
 Acknowledged updates arrive on a queue and are clipped and summed per
-participant as they arrive (fedrl.server.strategy.aggregate.ParticipantSums), on
-the aggregator's own thread. After K of them, or when the oldest has waited `buffer_timeout_s`,
-the strategy's aggregate is applied to the newest global with the server
-learning rate. The new version then becomes visible in this order, which is
-what makes a kill -9 at any instant recoverable:
+participant as they arrive (fedrl.server.strategy.aggregate.ParticipantSums),
+on the aggregator's own thread. After K of them, or when the oldest has
+waited the buffer timeout, the strategy's aggregate goes through its server
+step onto the newest global. The session's Strategy decides all of it: K,
+the timeout, clipping, the reduction, the learning rate and momentum
+(server/strategy/). The new version then becomes visible as
+federation/versions.py says: files, then its row, and only then does the
+in-memory global move and do readers see it, which is what makes a kill -9
+at any instant recoverable.
 
-1. the checkpoint file is written, fsynced and renamed (ModelStore.write);
-2. the version row and the acks it folds in are committed in one transaction;
-3. only then does the in-memory global move and do readers see it;
-4. the update log is trimmed below every update not yet in a version.
-
-Those steps are disk-bound, so they run as a commit task on a thread of
-their own while the aggregator goes on accumulating the next buffer; the
-next version is computed on top of the one being committed (the head) and
-its commit starts only once the previous one is done. A commit that fails is
-retried as it was (same number, tensors and updates), so the head stays
-valid; only at shutdown does it give up, leaving its updates to the log.
+Committing is disk-bound, so it runs as a commit task on a thread of its
+own while the aggregator goes on accumulating the next buffer; the next
+version is computed on top of the one being committed (the head) and its
+commit starts only once the previous one is done. A commit that fails is
+retried as it was (same number, tensors, velocity and updates), so the head
+stays valid; only at shutdown does it give up, leaving its updates to the log.
 
 Only this task assigns the global tensors and the version number, so the data
 path needs no locks; readers take the (version, tensors) pair, which is
@@ -27,24 +26,19 @@ replaced, never mutated.
 from __future__ import annotations
 
 import asyncio
-import functools
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
-from fedrl.server.storage.db_runner import DbRunner
-from fedrl.server.storage.model_store import ModelStore
-from fedrl.server.storage.state_db import VersionRow
-from fedrl.server.storage.update_log import UpdateLog
+from fedrl.server.federation.versions import Versions
 from fedrl.server.storage.update_record import LoggedUpdate
-from fedrl.server.strategy.aggregate import ParticipantSums, Strategy, apply_update, clip_by_norm
+from fedrl.server.strategy.aggregate import ParticipantSums
+from fedrl.server.strategy.strategy import Strategy
 
 log = logging.getLogger(__name__)
 
@@ -62,22 +56,8 @@ class Snapshot:
 
     version: int
     tensors: tuple[np.ndarray, ...]
-
-
-@dataclass(frozen=True)
-class AggregatorSettings:
-    """The aggregation knobs of ServerConfig that this task needs."""
-
-    buffer_size: int
-    """Updates (K) that trigger a new version; 0: one per recently pushing participant."""
-    active_window_s: float
-    """With buffer_size 0: how recent a participant's last push must be for it to count."""
-    buffer_timeout_s: float
-    """Longest wait of a buffered update before a version is made anyway."""
-    server_lr: float
-    """global += server_lr * aggregate."""
-    clip_norm: float
-    """Per-update L2 clip; 0 disables it."""
+    velocity: tuple[np.ndarray, ...] | None = None
+    """The strategy's velocity after this version (server momentum), None when it keeps none."""
 
 
 @dataclass
@@ -105,39 +85,20 @@ class Aggregator:
         self,
         *,
         session: str,
-        names: Sequence[str],
-        store: ModelStore,
-        update_log: UpdateLog,
-        db: DbRunner,
         strategy: Strategy,
-        settings: AggregatorSettings,
-        data_dir: Path,
-        metrics_path: Path,
+        versions: Versions,
         on_version: Callable[[int], Awaitable[None]],
-        discard_watermark: Callable[[], Awaitable[int]],
         set_aside: Callable[[LoggedUpdate, str], Awaitable[None]],
         snapshot: Snapshot | None = None,
-        best_version: int = -1,
-        on_metrics: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self._session = session
-        self._names = list(names)
-        self._store = store
-        self._log = update_log
-        self._db = db
         self._strategy = strategy
-        self._settings = settings
-        self._data_dir = data_dir
-        self._metrics_path = metrics_path
-        self._on_metrics = on_metrics
-        """Also given each version's metrics line (e.g. for TensorBoard), on the commit thread."""
+        self._versions = versions
         self._on_version = on_version
-        self._discard_watermark = discard_watermark
         self._set_aside = set_aside
         self._snapshot = snapshot
         self._head = snapshot
         """The newest computed version: the committed one, or the one being committed."""
-        self._best_version = best_version
         self._queue: asyncio.Queue[LoggedUpdate | _Seed | _Stop | _Leave] = asyncio.Queue()
         self._buffer: list[LoggedUpdate] = []
         self._last_push: dict[str, float] = {}
@@ -149,11 +110,9 @@ class Aggregator:
         self._committing: asyncio.Task[bool] | None = None
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
-        # The aggregator's own threads: pushes decoding and logging on the
-        # shared pool never make a new version wait for a free worker, and
-        # a commit's fsyncs never hold up accumulating the next buffer.
+        # The aggregator's own thread: pushes decoding and logging on the
+        # shared pool never make a new version wait for a free worker.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"fedrl-agg-{session}")
-        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"fedrl-commit-{session}")
         self._drained = asyncio.Event()
 
     @property
@@ -169,7 +128,7 @@ class Aggregator:
         """Participants whose last update came within the active window: those an automatic K
         waits for (a member that crashed drops out when the window passes, one that leaves at
         once)."""
-        horizon = time.monotonic() - self._settings.active_window_s
+        horizon = time.monotonic() - self._strategy.rule.active_window_s
         self._last_push = {p: t for p, t in self._last_push.items() if t >= horizon}
         return len(self._last_push)
 
@@ -190,7 +149,7 @@ class Aggregator:
 
     def note_best(self, version: int) -> None:
         """Tell retention which version has the best evaluation return."""
-        self._best_version = version
+        self._versions.note_best(version)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"aggregator:{self._session}")
@@ -229,13 +188,10 @@ class Aggregator:
             self._queue.put_nowait(_Stop())
             await self._task
         self._worker.shutdown(wait=True)
-        self._io.shutdown(wait=True)
+        self._versions.close()
 
     async def _in_worker(self, call: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._worker, call, *args)
-
-    async def _in_io(self, call: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._io, call, *args)
 
     async def _run(self) -> None:
         while True:
@@ -257,29 +213,16 @@ class Aggregator:
                 else:
                     await self._add(item)
                 # A new update, or a smaller K once a member left, may fill the buffer.
-                if self._buffer and len(self._buffer) >= self._buffer_target():
+                target = self._strategy.buffer_target(self.pushing_participants())
+                if self._buffer and len(self._buffer) >= target:
                     await self._flush_guarded()
-
-    def _buffer_target(self) -> int:
-        """K: the configured one, or the number of participants who pushed lately (at least 1).
-
-        An automatic K follows the group: alone, every update is a version at
-        once, so the global model trails the participant by one update rather
-        than by K of them; in a group of N, a version waits for about one
-        update from each member, so it averages everyone's progress instead of
-        adding up N learners' steps, which made the global Q-network diverge
-        (bench/federation.py). The buffer timeout still bounds the wait.
-        """
-        if self._settings.buffer_size:
-            return self._settings.buffer_size
-        return max(1, self.pushing_participants())
 
     async def _add(self, update: LoggedUpdate) -> None:
         """Buffer an update and accumulate it now, while the previous version commits."""
         self._last_push[update.participant_id] = time.monotonic()
         if not self._buffer:
             self._buffer_since = time.monotonic()
-            self._accumulation = ParticipantSums(self._strategy)
+            self._accumulation = ParticipantSums(self._strategy.aggregate)
         self._buffer.append(update)
         accumulation = self._accumulation
         if accumulation is None:
@@ -294,16 +237,14 @@ class Aggregator:
 
     def _accumulate(self, accumulation: ParticipantSums, updates: Sequence[LoggedUpdate]) -> None:
         for update in updates:
-            delta = [tensor for _, tensor in update.tensors]
-            if self._settings.clip_norm > 0:
-                delta, _norm = clip_by_norm(delta, self._settings.clip_norm)
+            delta = self._strategy.clip([tensor for _, tensor in update.tensors])
             accumulation.add(update.participant_id, delta, update.weight)
 
     async def _next_item(self) -> LoggedUpdate | _Seed | _Stop | _Leave | None:
         """The next command, or None when the buffer's timeout has come."""
         if not self._buffer:
             return await self._queue.get()
-        remaining = self._buffer_since + self._settings.buffer_timeout_s - time.monotonic()
+        remaining = self._buffer_since + self._strategy.rule.buffer_timeout_s - time.monotonic()
         if remaining <= 0:
             return None
         try:
@@ -322,9 +263,8 @@ class Aggregator:
             return
         try:
             await self._commit(
-                0,
+                Snapshot(0, tuple(t for _, t in item.tensors)),
                 parent=-1,
-                tensors=[t for _, t in item.tensors],
                 updates=[],
                 seeded_by=item.participant_id,
             )
@@ -350,7 +290,7 @@ class Aggregator:
         head = self._head
         try:
             culprits = (
-                await self._in_worker(self._unappliable, head.tensors, list(self._buffer))
+                await self._in_worker(self._unappliable, head, list(self._buffer))
                 if head is not None
                 else []
             )
@@ -371,7 +311,7 @@ class Aggregator:
         self._buffer_since = time.monotonic()
 
     def _unappliable(
-        self, global_tensors: Sequence[np.ndarray], updates: Sequence[LoggedUpdate]
+        self, head: Snapshot, updates: Sequence[LoggedUpdate]
     ) -> list[tuple[LoggedUpdate, str]]:
         """The updates that break a version, each with why, found by adding them one at a time.
 
@@ -380,13 +320,13 @@ class Aggregator:
         runs after a failed flush, so its K tries of the strategy cost nothing
         in the common case.
         """
-        good = ParticipantSums(self._strategy)
+        good = ParticipantSums(self._strategy.aggregate)
         culprits: list[tuple[LoggedUpdate, str]] = []
         for update in updates:
             trial = good.copy()
             try:
                 self._accumulate(trial, [update])
-                self._new_global(global_tensors, trial)
+                self._next(head, trial)
             except Exception as exc:
                 culprits.append((update, f"cannot be aggregated: {exc}"))
                 continue
@@ -400,27 +340,28 @@ class Aggregator:
         updates = list(self._buffer)
         accumulation = self._accumulation
         if accumulation is None:
-            accumulation = ParticipantSums(self._strategy)
+            accumulation = ParticipantSums(self._strategy.aggregate)
             await self._in_worker(self._accumulate, accumulation, updates)
             self._accumulation = accumulation
-        new_tensors = await self._in_worker(self._new_global, head.tensors, accumulation)
+        new = await self._in_worker(self._next, head, accumulation)
         # Versions commit in order: the one this is computed on comes first.
         if not await self._previous_committed():
             return
-        self._head = Snapshot(head.version + 1, tuple(new_tensors))
+        self._head = new
         self._in_commit = updates
         del self._buffer[: len(updates)]
         self._accumulation = None
         self._committing = asyncio.create_task(
-            self._commit_until_done(head.version + 1, head.version, new_tensors, updates),
-            name=f"commit:{self._session}:{head.version + 1}",
+            self._commit_until_done(new, head.version, updates),
+            name=f"commit:{self._session}:{new.version}",
         )
 
-    def _new_global(
-        self, global_tensors: Sequence[np.ndarray], accumulation: ParticipantSums
-    ) -> list[np.ndarray]:
-        aggregate = accumulation.result()
-        return apply_update(list(global_tensors), aggregate, server_lr=self._settings.server_lr)
+    def _next(self, head: Snapshot, accumulation: ParticipantSums) -> Snapshot:
+        """The version after `head`: the buffer's aggregate through the strategy's server step."""
+        tensors, velocity = self._strategy.step(head.tensors, accumulation.result(), head.velocity)
+        return Snapshot(
+            head.version + 1, tuple(tensors), None if velocity is None else tuple(velocity)
+        )
 
     async def _previous_committed(self) -> bool:
         """Wait for the commit in flight, if any; False if it gave up (only at shutdown)."""
@@ -429,7 +370,7 @@ class Aggregator:
         return await self._committing
 
     async def _commit_until_done(
-        self, version: int, parent: int, tensors: list[np.ndarray], updates: list[LoggedUpdate]
+        self, version: Snapshot, parent: int, updates: list[LoggedUpdate]
     ) -> bool:
         """Commit a computed version, retrying it unchanged until it succeeds or the server stops.
 
@@ -439,103 +380,39 @@ class Aggregator:
         """
         while True:
             try:
-                await self._commit(version, parent=parent, tensors=tensors, updates=updates)
+                await self._commit(version, parent=parent, updates=updates)
             except Exception:
                 log.exception(
-                    "session %r: committing version %d failed; will retry", self._session, version
+                    "session %r: committing version %d failed; will retry",
+                    self._session,
+                    version.version,
                 )
                 if self._stopping:
                     return False
-                await asyncio.sleep(self._settings.buffer_timeout_s)
+                await asyncio.sleep(self._strategy.rule.buffer_timeout_s)
             else:
                 return True
 
     async def _commit(
         self,
-        version: int,
+        version: Snapshot,
         *,
         parent: int,
-        tensors: Sequence[np.ndarray],
         updates: Sequence[LoggedUpdate],
         seeded_by: str | None = None,
     ) -> None:
-        named = list(zip(self._names, tensors, strict=True))
-        path = await self._in_io(self._store.write, version, named)
-        lsn = max((u.lsn for u in updates), default=self._log.last_lsn)
-        returns = [u.metrics["mean_return"] for u in updates if "mean_return" in u.metrics]
-        row = VersionRow(
-            session=self._session,
-            version=version,
+        row = await self._versions.commit(
+            version.version,
             parent=parent,
-            created_ms=int(time.time() * 1000),
-            lsn=lsn,
-            contributors=(seeded_by,)
-            if seeded_by
-            else tuple(dict.fromkeys(u.participant_id for u in updates)),
-            max_staleness=max((u.staleness for u in updates), default=0),
-            mean_return=float(np.mean(returns)) if returns else None,
-            checkpoint=_relative(path, self._data_dir),
+            tensors=version.tensors,
+            velocity=version.velocity,
+            updates=updates,
+            seeded_by=seeded_by,
         )
-        applied = [(u.participant_id, u.sequence) for u in updates]
-        try:
-            await self._db(lambda db: db.commit_version(row, applied))
-        except BaseException:
-            # Never committed, so never visible; the retry may fold a different
-            # buffer into this version number, and checkpoints are immutable.
-            await self._in_io(functools.partial(path.unlink, missing_ok=True))
-            raise
-        self._snapshot = Snapshot(version, tuple(tensors))
+        self._snapshot = version
         if updates:
             self._in_commit = []
             drained, self._drained = self._drained, asyncio.Event()
             drained.set()
-        try:
-            watermark = await self._discard_watermark()
-            pruned = await self._in_io(self._after_commit, row, updates, watermark)
-            if pruned:
-                # A crash before this leaves a checkpoint name whose file is
-                # gone: Status shows it, PullModel answers NOT_FOUND. Harmless.
-                await self._db(lambda db: db.mark_pruned(self._session, pruned))
-        except Exception:
-            # The version is committed; housekeeping is retried after the next one.
-            log.exception(
-                "session %r: housekeeping after version %d failed", self._session, version
-            )
-        await self._on_version(version)
-
-    def _after_commit(
-        self, row: VersionRow, updates: Sequence[LoggedUpdate], watermark: int
-    ) -> list[int]:
-        """Housekeeping after the commit; each step is redone or harmless after a crash."""
-        self._append_metrics(row, updates)
-        self._log.discard_through(watermark)
-        best = self._best_version if self._best_version >= 0 else None
-        return self._store.retain(current=row.version, best=best)
-
-    def _append_metrics(self, row: VersionRow, updates: Sequence[LoggedUpdate]) -> None:
-        base_evals = [
-            u.metrics["base_eval_return"] for u in updates if "base_eval_return" in u.metrics
-        ]
-        line = {
-            "session": self._session,
-            "version": row.version,
-            "parent": row.parent,
-            "time_unix_ms": row.created_ms,
-            "updates": len(updates),
-            "contributors": list(row.contributors),
-            "max_staleness": row.max_staleness,
-            "mean_staleness": float(np.mean([u.staleness for u in updates])) if updates else 0.0,
-            "mean_return": row.mean_return,
-            "base_eval_return": float(np.mean(base_evals)) if base_evals else None,
-        }
-        with self._metrics_path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(line, ensure_ascii=False) + "\n")
-        if self._on_metrics is not None:
-            self._on_metrics(line)
-
-
-def _relative(path: Path, root: Path) -> str:
-    try:
-        return str(path.relative_to(root))
-    except ValueError:
-        return str(path)
+        await self._versions.keep_house(row, updates)
+        await self._on_version(version.version)

@@ -18,7 +18,6 @@ import numpy as np
 from fedrl.proto.v1 import tensor_pb2 as tpb
 from fedrl.server.federation.aggregator import NamedTensors
 from fedrl.server.refusals import InvalidRequestError, LimitExceededError
-from fedrl.server.strategy.norm_bound import l2_norm
 
 ACCEPTED_DELTA_DTYPES = (tpb.DTYPE_FLOAT32, tpb.DTYPE_FLOAT16, tpb.DTYPE_BFLOAT16)
 MAX_DIMS = 32
@@ -111,27 +110,3 @@ def check_tensors(spec: tpb.ModelSpec, tensors: NamedTensors, *, what: str) -> N
             raise InvalidRequestError(f"{what} tensor {name!r} contains NaN or infinite values")
         checked.append((name, values))
     return checked
-
-
-def check_update(
-    spec: tpb.ModelSpec, tensors: NamedTensors, *, max_norm: float
-) -> tuple[NamedTensors, float]:
-    """check_tensors, then check_norm: an update the session can take, as float32, and its norm."""
-    checked = check_tensors(spec, tensors, what="update")
-    norm = l2_norm([tensor for _, tensor in checked])
-    check_norm(norm, max_norm=max_norm)
-    return checked, norm
-
-
-def check_norm(norm: float, *, max_norm: float) -> None:
-    """Refuse an update whose global L2 norm is above max_norm (0: no absolute bound).
-
-    Clipping (--clip-norm) shrinks such an update and still applies it; a
-    bound refuses it, for groups whose members need not trust each other.
-    The relative bound (server/norm_bound.py) applies besides this one.
-    """
-    if max_norm > 0 and norm > max_norm:
-        raise InvalidRequestError(
-            f"update norm {norm:.6g} exceeds this server's bound of {max_norm:g} "
-            "(--max-update-norm); check the learning rate, or sync more often"
-        )

@@ -29,7 +29,6 @@ from fedrl.server.config import ServerConfig
 from fedrl.server.experience.store import last_acknowledged
 from fedrl.server.federation.aggregator import (
     Aggregator,
-    AggregatorSettings,
     AlreadySeededError,
     NamedTensors,
     Snapshot,
@@ -49,6 +48,7 @@ from fedrl.server.federation.session import (
     described,
 )
 from fedrl.server.federation.version_events import VersionEvents
+from fedrl.server.federation.versions import VELOCITY_DIR, Versions
 from fedrl.server.names import (
     DB_FILE,
     METRICS_FILE,
@@ -70,8 +70,8 @@ from fedrl.server.storage.model_store import ModelStore
 from fedrl.server.storage.state_db import SessionRow, StateDB
 from fedrl.server.storage.update_log import UpdateLog
 from fedrl.server.storage.update_record import LoggedUpdate, UnreadableRecord
-from fedrl.server.strategy.aggregate import Strategy, make_strategy
-from fedrl.server.strategy.norm_bound import NormBound
+from fedrl.server.strategy.registry import strategy_from_settings
+from fedrl.server.strategy.strategy import Rule, Strategy
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +94,11 @@ class Federation:
         config: ServerConfig,
         db: DbRunner,
         *,
-        strategy: Callable[[], Strategy] | None = None,
+        strategy: Callable[[Rule], Strategy] | None = None,
     ) -> None:
         self.config = config
         self._db = db
-        self.pushes = Pushes(config, db)
+        self.pushes = Pushes(db, max_pending=config.max_pending)
         # Each session's aggregator gets its own strategy object: the injected
         # factory's, or the one the config names for that session.
         self._injected_strategy = strategy
@@ -114,12 +114,13 @@ class Federation:
 
     @classmethod
     async def open(
-        cls, config: ServerConfig, *, strategy: Callable[[], Strategy] | None = None
+        cls, config: ServerConfig, *, strategy: Callable[[Rule], Strategy] | None = None
     ) -> Federation:
         """Open the data dir and recover every session to its last committed version.
 
-        `strategy` makes the aggregation strategy of each session, replacing
-        the one config.strategy names (e.g. a custom robust aggregator).
+        `strategy` makes the aggregation strategy of each session from the
+        server's rule, replacing the one config.strategy names (e.g. a
+        Strategy subclass of one's own).
         """
         config.data_dir.mkdir(parents=True, exist_ok=True)
         runner = DbRunner(await asyncio.to_thread(StateDB, config.data_dir / DB_FILE))
@@ -342,38 +343,40 @@ class Federation:
         store = ModelStore(
             root / "checkpoints", keep_last=self.config.keep_last, keep_every=self.config.keep_every
         )
+        velocities = ModelStore(root / VELOCITY_DIR)
         update_log = await asyncio.to_thread(UpdateLog, root / "updates")
+        strategy = self._strategy(row.name)
         latest = await self._db(lambda db: db.latest_version(row.name))
         snapshot = None
         if latest is not None:
-            loaded = await asyncio.to_thread(store.load, latest.version)
-            snapshot = Snapshot(latest.version, tuple(tensor for _, tensor in loaded))
-            # A checkpoint written just before a crash, whose row never committed.
-            await asyncio.to_thread(store.discard_after, latest.version)
+            keeps_velocity = strategy.rule.server_momentum > 0
+            snapshot = await asyncio.to_thread(
+                _committed, store, velocities, latest.version, keeps_velocity
+            )
+        norms = await self._db(lambda db: db.recent_norms(row.name, strategy.norm_window))
+        strategy.restore_norms(norms)
         best = await self._db(lambda db: db.best_version(row.name))
         participants = await self._db(lambda db: db.participant_statuses(row.name))
-        aggregator = Aggregator(
+        versions = Versions(
             session=row.name,
             names=[t.name for t in row.spec.tensors],
             store=store,
+            velocities=velocities,
             update_log=update_log,
             db=self._db,
-            strategy=self._strategy(row.name),
-            settings=AggregatorSettings(
-                buffer_size=self.config.buffer_size,
-                active_window_s=self.config.active_window_s,
-                buffer_timeout_s=self.config.buffer_timeout_s,
-                server_lr=self.config.server_lr,
-                clip_norm=self.config.clip_norm,
-            ),
             data_dir=self.config.data_dir,
             metrics_path=self.config.data_dir / METRICS_FILE,
-            on_version=lambda version: self._on_version(row.name),
             discard_watermark=lambda: self.discard_watermark(row.name),
-            set_aside=lambda update, reason: self.quarantine(row.name, update, reason),
-            snapshot=snapshot,
             best_version=best[0] if best else -1,
             on_metrics=self._version_events.write if self._version_events else None,
+        )
+        aggregator = Aggregator(
+            session=row.name,
+            strategy=strategy,
+            versions=versions,
+            on_version=lambda version: self._on_version(row.name),
+            set_aside=lambda update, reason: self.quarantine(row.name, update, reason),
+            snapshot=snapshot,
         )
         session = Session(
             name=row.name,
@@ -382,12 +385,12 @@ class Federation:
             goal_total=row.goal_total,
             episodes_done=row.episodes_done,
             aggregator=aggregator,
+            strategy=strategy,
             store=store,
             update_log=update_log,
             last_sequences=await self._db(lambda db: db.last_sequences(row.name)),
             participants=set(participants),
             active={pid for pid, status in participants.items() if status == "active"},
-            norm_bound=NormBound(factor=self.config.update_norm_factor),
             mode=POPULATION if row.population else FEDERATED,
         )
         self._sessions[row.name] = session
@@ -436,11 +439,11 @@ class Federation:
         return floor if oldest is None else min(floor, oldest - 1)
 
     def _strategy(self, session_name: str) -> Strategy:
+        """A session's own strategy object: the injected one, or the one the config names."""
+        rule = self.config.rule
         if self._injected_strategy is not None:
-            return self._injected_strategy()
-        name = self.config.strategy_for(session_name)
-        options = {"trim_fraction": self.config.trim_fraction} if name == "trimmed_mean" else {}
-        return make_strategy(name, **options)
+            return self._injected_strategy(rule)
+        return strategy_from_settings(self.config.strategy_for(session_name), rule, self.config)
 
     async def _on_version(self, session_name: str) -> None:
         self._sessions[session_name].notify()
@@ -449,3 +452,21 @@ class Federation:
     def _changed(self) -> None:
         for observer in self._observers:
             observer.changed()
+
+
+def _committed(
+    store: ModelStore, velocities: ModelStore, version: int, keeps_velocity: bool
+) -> Snapshot:
+    """The newest committed version, with the velocity its strategy carries when it keeps one.
+
+    Files of later versions are deleted: written just before a crash, their
+    rows never committed. A velocity the data dir lacks (momentum turned on
+    since) starts from zeros.
+    """
+    tensors = tuple(tensor for _, tensor in store.load(version))
+    velocity = None
+    if keeps_velocity and velocities.has(version):
+        velocity = tuple(tensor for _, tensor in velocities.load(version))
+    store.discard_after(version)
+    velocities.discard_after(version)
+    return Snapshot(version, tensors, velocity)

@@ -15,23 +15,24 @@ import asyncio
 import functools
 from collections.abc import Callable
 
-from fedrl.server.config import ServerConfig
+from fedrl.proto.v1 import tensor_pb2 as tpb
 from fedrl.server.federation.aggregator import NamedTensors
-from fedrl.server.federation.checks import check_update
+from fedrl.server.federation.checks import check_tensors
 from fedrl.server.federation.session import PushRequest, PushResult, Session, goal_state
 from fedrl.server.names import now_ms
-from fedrl.server.refusals import InvalidRequestError, PreconditionError, RequestRefusedError
+from fedrl.server.refusals import PreconditionError, RequestRefusedError
 from fedrl.server.storage.db_runner import AckBatcher, DbRunner
 from fedrl.server.storage.state_db import AckRow
 from fedrl.server.storage.update_record import LoggedUpdate
-from fedrl.server.strategy.aggregate import update_weight
+from fedrl.server.strategy.aggregate import l2_norm
 
 
 class Pushes:
     """Takes the pushes of every session of one server, in the order above."""
 
-    def __init__(self, config: ServerConfig, db: DbRunner) -> None:
-        self._config = config
+    def __init__(self, db: DbRunner, *, max_pending: int) -> None:
+        """`max_pending`: acknowledged updates not yet in a version past which pushes wait."""
+        self._max_pending = max_pending
         self._db = db
         self._acks = AckBatcher(db)
 
@@ -56,7 +57,7 @@ class Pushes:
                 f"session {session.name!r} has no model yet: call SeedModel first"
             )
         try:
-            self._staleness(session, request.base_version)
+            session.strategy.staleness(request.base_version, session.aggregator.current_version)
         except RequestRefusedError:
             await self.count_rejection(session, pid)
             raise
@@ -73,7 +74,7 @@ class Pushes:
         done: asyncio.Future[PushResult] = asyncio.get_running_loop().create_future()
         session.in_flight[key] = done
         try:
-            await session.aggregator.wait_for_room(self._config.max_pending)
+            await session.aggregator.wait_for_room(self._max_pending)
             result = await self._accept(session, pid, request, tensors)
         except BaseException as exc:
             done.set_exception(exc)
@@ -93,24 +94,22 @@ class Pushes:
     async def _accept(
         self, session: Session, pid: str, request: PushRequest, tensors: NamedTensors
     ) -> PushResult:
+        strategy = session.strategy
         try:
             # A pass or two over every value: off the event loop, like the decoding.
-            checked, norm = await asyncio.to_thread(
-                check_update, session.spec, tensors, max_norm=self._config.max_update_norm
-            )
+            checked, norm = await asyncio.to_thread(_checked_update, session.spec, tensors)
             snapshot = session.aggregator.snapshot
-            if snapshot is not None:
-                session.norm_bound.check(norm, version=snapshot.version, model=snapshot.tensors)
-            staleness = self._staleness(session, request.base_version)
+            strategy.check_norm(
+                norm,
+                version=snapshot.version if snapshot else -1,
+                model=snapshot.tensors if snapshot else None,
+            )
+            current = session.aggregator.current_version
+            staleness = strategy.staleness(request.base_version, current)
         except RequestRefusedError:
             await self.count_rejection(session, pid)
             raise
-        weight = update_weight(
-            request.samples,
-            staleness,
-            max_samples=self._config.max_samples,
-            exponent=self._config.staleness_exponent,
-        )
+        weight = strategy.weight(request.samples, staleness)
         append = functools.partial(
             session.update_log.append,
             session=session.name,
@@ -146,20 +145,24 @@ class Pushes:
         session.append_floors[token] = session.update_log.last_lsn
         try:
             logged = await asyncio.to_thread(append)
-            stored = await self.acknowledge(session, logged)
+            stored = await self.acknowledge(session, logged, norm)
             if stored is None:
                 # Acknowledged before, through another record: answer as then.
                 return await self._stored_answer(session, pid, sequence)
             session.aggregator.submit(logged)
-            session.norm_bound.accepted(norm)
+            session.strategy.accepted(norm)
         finally:
             del session.append_floors[token]
         return _result_from_ack(stored, duplicate=False)
 
-    async def acknowledge(self, session: Session, update: LoggedUpdate) -> AckRow | None:
+    async def acknowledge(
+        self, session: Session, update: LoggedUpdate, norm: float
+    ) -> AckRow | None:
         """Store the ack row and move the counters; None if this push was acknowledged before.
 
-        Also used at recovery, for updates logged but never acknowledged.
+        Also used at recovery, for updates logged but never acknowledged. The
+        row keeps the update's norm: the strategy's norm bound reads the
+        newest ones back at recovery.
         """
         ack = AckRow(
             session=session.name,
@@ -183,6 +186,7 @@ class Pushes:
                 if "evaluated_version" in update.metrics
                 else None
             ),
+            norm=norm,
         )
         stored = await self._acks.record(ack)
         if stored is None:
@@ -209,7 +213,8 @@ class Pushes:
         key = (session.name, update.participant_id, update.sequence)
         ack = await self._db(lambda db: db.find_ack(*key))
         if ack is None:
-            await self.acknowledge(session, update)
+            norm = l2_norm([tensor for _, tensor in update.tensors])
+            await self.acknowledge(session, update, norm)
             return True
         return ack.lsn == update.lsn and ack.applied_version is None
 
@@ -227,21 +232,6 @@ class Pushes:
     async def _count_duplicate(self, session: Session, pid: str) -> None:
         now = now_ms()
         await self._db(lambda db: db.count_duplicate(session.name, pid, now))
-
-    def _staleness(self, session: Session, base_version: int) -> int:
-        current = session.aggregator.current_version
-        if not 0 <= base_version <= current:
-            raise InvalidRequestError(
-                f"base_version {base_version} does not exist; the newest is {current}"
-            )
-        staleness = current - base_version
-        if staleness > self._config.max_staleness:
-            raise PreconditionError(
-                f"update is {staleness} versions stale (base {base_version}, current version "
-                f"{current}, max staleness {self._config.max_staleness}); pull version {current} "
-                "and train from it"
-            )
-        return staleness
 
     async def _refresh_best(self, session: Session) -> None:
         best = await self._db(lambda db: db.best_version(session.name))
@@ -271,3 +261,9 @@ def _as_duplicate(result: PushResult) -> PushResult:
         weight=result.weight,
         goal=result.goal,
     )
+
+
+def _checked_update(spec: tpb.ModelSpec, tensors: NamedTensors) -> tuple[NamedTensors, float]:
+    """The update as the session takes it (float32, in the spec's order) and its L2 norm."""
+    checked = check_tensors(spec, tensors, what="update")
+    return checked, l2_norm([tensor for _, tensor in checked])

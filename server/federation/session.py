@@ -17,7 +17,7 @@ from fedrl.server.federation.aggregator import Aggregator, NamedTensors
 from fedrl.server.refusals import PreconditionError
 from fedrl.server.storage.model_store import ModelStore
 from fedrl.server.storage.update_log import UpdateLog
-from fedrl.server.strategy.norm_bound import NormBound
+from fedrl.server.strategy.strategy import Strategy
 from fedrl.server.transport.request_fields import check_update_fields
 
 FEDERATED, POPULATION = "federated", "pbt"
@@ -97,6 +97,8 @@ class Session:
     goal_total: int
     episodes_done: int
     aggregator: Aggregator
+    strategy: Strategy
+    """The session's aggregation rule, the aggregator's own: admission, weight, combination."""
     store: ModelStore
     update_log: UpdateLog
     last_sequences: dict[str, int]
@@ -106,7 +108,6 @@ class Session:
     append_floors: dict[object, int] = field(default_factory=dict)
     """For each push between its log append and the buffer: the log's last LSN before it."""
     in_flight: dict[tuple[str, int], asyncio.Future[PushResult]] = field(default_factory=dict)
-    norm_bound: NormBound = field(default_factory=lambda: NormBound(factor=0.0))
     mode: str = FEDERATED
     """FEDERATED or POPULATION (server/population/), fixed by the first Join."""
 

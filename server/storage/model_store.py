@@ -140,6 +140,11 @@ class ModelStore:
         newest = _version(current)
         return self._delete(v for v in self.versions() if v > newest)
 
+    def discard_before(self, current: int) -> list[int]:
+        """Delete versions below `current`; return them (a store that keeps only the newest)."""
+        newest = _version(current)
+        return self._delete(v for v in self.versions() if v < newest)
+
     def _delete(self, versions: Iterator[int]) -> list[int]:
         deleted = []
         for version in versions:

@@ -95,6 +95,7 @@ CREATE TABLE IF NOT EXISTS acks (
     goal_done INTEGER NOT NULL,
     received_ms INTEGER NOT NULL,
     applied_version INTEGER,
+    norm REAL,
     PRIMARY KEY (session, participant_id, sequence)
 );
 CREATE INDEX IF NOT EXISTS acks_by_lsn ON acks (session, lsn);
@@ -158,6 +159,8 @@ class AckRow:
     """Evaluation return of a global version, credited to that version's row."""
     evaluated_version: int | None = None
     """The version base_eval_return scores; None: the base version."""
+    norm: float | None = None
+    """The update's global L2 norm (the strategy's norm bound counts it)."""
     applied_version: int | None = None
     """The version this update was folded into; None while it waits in the buffer,
     QUARANTINED once it was set aside (never applied; see federation/quarantine.py)."""
@@ -199,6 +202,7 @@ class StateDB:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.executescript(_SCHEMA)
+            self._add_ack_norms()
             self._check_schema_version()
         self._conn.execute("PRAGMA foreign_keys=ON")
 
@@ -237,6 +241,13 @@ class StateDB:
             self._conn.execute("ROLLBACK")
             raise
         self._conn.execute("COMMIT")
+
+    def _add_ack_norms(self) -> None:
+        """acks.norm came after schema version 1 shipped: added to an older database as it
+        opens (its rows have none, so the norm bound starts afresh once)."""
+        columns = {row[1] for row in self._conn.execute("PRAGMA table_info(acks)")}
+        if "norm" not in columns:
+            self._conn.execute("ALTER TABLE acks ADD COLUMN norm REAL")
 
     def _check_schema_version(self) -> None:
         row = self._conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
@@ -410,6 +421,15 @@ class StateDB:
             applied_version=applied,
         )
 
+    def recent_norms(self, session: str, count: int) -> list[float]:
+        """The norms of the session's newest `count` acknowledged updates, oldest first."""
+        rows = self._conn.execute(
+            "SELECT norm FROM acks WHERE session=? AND norm IS NOT NULL "
+            "ORDER BY rowid DESC LIMIT ?",
+            (session, count),
+        ).fetchall()
+        return [float(norm) for (norm,) in reversed(rows)]
+
     def oldest_unapplied_lsn(self, session: str) -> int | None:
         """LSN of the oldest acknowledged update not yet in a version (the log must keep it)."""
         row = self._conn.execute(
@@ -538,7 +558,7 @@ def _insert_ack(db: sqlite3.Connection, ack: AckRow) -> AckRow | None:
     inserted = db.execute(
         "INSERT OR IGNORE INTO acks (session, participant_id, sequence, lsn, base_version, "
         "current_version, staleness, weight, episodes, env_steps, goal_total, goal_done, "
-        "received_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "received_ms, norm) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             ack.session,
             ack.participant_id,
@@ -553,6 +573,7 @@ def _insert_ack(db: sqlite3.Connection, ack: AckRow) -> AckRow | None:
             ack.goal_total,
             ack.goal_done,
             ack.received_ms,
+            ack.norm,
         ),
     ).rowcount
     if not inserted:

@@ -1,4 +1,4 @@
-"""Aggregation math: update weights, norm clipping, strategies, the server step.
+"""Aggregation math: update weights, norms and clipping, the reductions, the server step.
 
 Pure numpy functions over models given as ``list[np.ndarray]`` in model order.
 Inputs may be any real floating dtype; results are float32. Internally every
@@ -6,7 +6,7 @@ sum runs in float64 and is rounded once at the end, so a mean of identical
 deltas is exactly that delta and a result never leaves the per-coordinate
 [min, max] of its inputs by a rounding error.
 
-Robust strategies work coordinate-wise over blocks of coordinates (a (K, B)
+The robust reductions work coordinate-wise over blocks of coordinates (a (K, B)
 float64 buffer, B = 64 Ki), so 8 deltas of 1M parameters need 4 MiB of scratch
 instead of stacking every delta, and the sort runs in cache.
 
@@ -17,7 +17,11 @@ its finiteness is checked once, on the result.
 
 ParticipantSums does the part of the work that can be done as updates
 arrive: each participant's increments are summed on arrival, so making a
-version runs the strategy once over one delta per participant.
+version runs the reduction once over one delta per participant.
+
+The server step is FedAvgM's (Hsu et al., 2019): velocity = momentum *
+velocity + aggregate, global += lr * velocity; with momentum 0 it is
+FedAvg's global += lr * aggregate exactly, and no velocity is kept.
 
 Weights, FedBuff-style (Nguyen et al., 2022): an update trained on n samples
 against a base s versions old weighs min(n, cap) * (1 + s) ** -exponent. The
@@ -29,15 +33,13 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
-from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 Float64Array = npt.NDArray[np.float64]
 
-# Coordinates per block: in the coordinate-wise strategies 64 Ki x K=8 x 8 bytes
+# Coordinates per block: in the coordinate-wise reductions 64 Ki x K=8 x 8 bytes
 # = 4 MiB of scratch, small enough to stay in L2/L3 while sorting; in the mean,
 # 2 x 512 KiB (measured: 16 Ki blocks no faster, 4 Ki slower).
 _BLOCK = 1 << 16
@@ -64,6 +66,11 @@ def update_weight(
     return min(n, cap) * staleness_weight(staleness, exponent=exponent)
 
 
+def l2_norm(tensors: Sequence[np.ndarray]) -> float:
+    """The global L2 norm over all tensors, squares summed in float64 (finite for float32 input)."""
+    return math.sqrt(sum(_squared_norm(tensor) for tensor in tensors))
+
+
 def clip_by_norm(delta: list[np.ndarray], max_norm: float) -> tuple[list[np.ndarray], float]:
     """Scale a delta so its global L2 norm (over all tensors) is at most max_norm.
 
@@ -77,150 +84,87 @@ def clip_by_norm(delta: list[np.ndarray], max_norm: float) -> tuple[list[np.ndar
     for index, tensor in enumerate(tensors):
         _check_finite(tensor, f"delta tensor {index}")
     # Squares of float32 values cannot overflow float64, so the norm is finite.
-    norm = math.sqrt(sum(_squared_norm(t) for t in tensors))
+    norm = l2_norm(tensors)
     if norm <= max_norm:
         return tensors, norm
     scale = max_norm / norm
     return [(t * scale).astype(np.float32) for t in tensors], norm
 
 
-class Strategy(Protocol):
-    """Combines K weighted deltas into one aggregate delta (server-side FedBuff step)."""
-
-    @property
-    def name(self) -> str:
-        """The name make_strategy knows this strategy by."""
-        ...
-
-    def aggregate(
-        self, deltas: Sequence[Sequence[np.ndarray]], weights: Sequence[float]
-    ) -> list[np.ndarray]:
-        """One float32 tensor per model tensor; refuses mismatched or non-finite input."""
-        ...
+Reduce = Callable[[Sequence[Sequence[np.ndarray]], Sequence[float]], list[np.ndarray]]
+"""A reduction: K deltas and their weights -> one float32 tensor per model tensor."""
 
 
-@dataclass(frozen=True)
-class WeightedMean:
-    """sum_i w_i * delta_i / sum_i w_i: FedAvg's mean, weights normalised over the buffer."""
-
-    name = "mean"
-
-    def aggregate(
-        self, deltas: Sequence[Sequence[np.ndarray]], weights: Sequence[float]
-    ) -> list[np.ndarray]:
-        """Weighted mean of the deltas, coordinate by coordinate."""
-        models, w = _validated(deltas, weights)
-        w = w / w.sum()
-        result: list[np.ndarray] = []
-        for index, first in enumerate(models[0]):
-            flats = [model[index].reshape(-1) for model in models]
-            mean = _weighted_sum(flats, w).reshape(first.shape)
-            if not np.isfinite(mean).all():
-                bad = next(k for k, flat in enumerate(flats) if not np.isfinite(flat).all())
-                raise ValueError(f"delta {bad}, tensor {index}: holds NaN or infinity")
-            result.append(mean)
-        return result
+def weighted_mean(
+    deltas: Sequence[Sequence[np.ndarray]], weights: Sequence[float]
+) -> list[np.ndarray]:
+    """sum_i w_i * delta_i / sum_i w_i, coordinate by coordinate (FedAvg's mean)."""
+    models, w = _validated(deltas, weights)
+    w = w / w.sum()
+    result: list[np.ndarray] = []
+    for index, first in enumerate(models[0]):
+        flats = [model[index].reshape(-1) for model in models]
+        mean = _weighted_sum(flats, w).reshape(first.shape)
+        if not np.isfinite(mean).all():
+            bad = next(k for k, flat in enumerate(flats) if not np.isfinite(flat).all())
+            raise ValueError(f"delta {bad}, tensor {index}: holds NaN or infinity")
+        result.append(mean)
+    return result
 
 
-@dataclass(frozen=True)
-class TrimmedMean:
-    """Coordinate-wise trimmed mean (Yin et al., 2018), weighted after trimming.
+def trimmed_mean(
+    deltas: Sequence[Sequence[np.ndarray]], weights: Sequence[float], *, trim_fraction: float
+) -> list[np.ndarray]:
+    """Per coordinate, floor(trim_fraction * K) smallest and largest values cut, the rest
+    averaged with their weights.
 
-    Per coordinate, the floor(trim_fraction * K) smallest and as many largest
-    values are dropped by count, so an outlier is cut however much weight it
-    claims; the values left are averaged with their updates' weights, so
-    samples and staleness still count among the credible ones. Ties are
-    broken by weight, which makes the result independent of update order.
+    Values are cut by count, so an outlier goes however much weight it
+    claims. Ties are broken by weight, which makes the result independent
+    of update order.
     """
+    check_trim_fraction(trim_fraction)
+    models, w = _validated(deltas, weights)
+    count = len(models)
+    cut = math.floor(trim_fraction * count)
+    # Rows in ascending weight order; the stable sort below then keeps
+    # equal values in weight order, so which of them is cut never depends
+    # on the order the updates arrived in.
+    by_weight = np.argsort(w, kind="stable")
+    models = [models[i] for i in by_weight]
+    w = w[by_weight]
 
-    trim_fraction: float = 0.2
-    """Share of the updates cut at each end, per coordinate; in [0, 0.5)."""
+    def kernel(block: Float64Array) -> Float64Array:
+        order = np.argsort(block, axis=0, kind="stable")[cut : count - cut]
+        kept = np.take_along_axis(block, order, axis=0)
+        kept_w = w[order]
+        total: Float64Array = (kept * kept_w).sum(axis=0) / kept_w.sum(axis=0)
+        return total
 
-    name = "trimmed_mean"
-
-    def __post_init__(self) -> None:
-        """Refuse a fraction that would trim every value."""
-        if not (math.isfinite(self.trim_fraction) and 0 <= self.trim_fraction < 0.5):
-            raise ValueError(f"trim_fraction must be in [0, 0.5), got {self.trim_fraction}")
-
-    def aggregate(
-        self, deltas: Sequence[Sequence[np.ndarray]], weights: Sequence[float]
-    ) -> list[np.ndarray]:
-        """Weighted mean of each coordinate's values after cutting both tails."""
-        models, w = _validated(deltas, weights)
-        count = len(models)
-        cut = math.floor(self.trim_fraction * count)
-        # Rows in ascending weight order; the stable sort below then keeps
-        # equal values in weight order, so which of them is cut never depends
-        # on the order the updates arrived in.
-        by_weight = np.argsort(w, kind="stable")
-        models = [models[i] for i in by_weight]
-        w = w[by_weight]
-
-        def kernel(block: Float64Array) -> Float64Array:
-            order = np.argsort(block, axis=0, kind="stable")[cut : count - cut]
-            kept = np.take_along_axis(block, order, axis=0)
-            kept_w = w[order]
-            total: Float64Array = (kept * kept_w).sum(axis=0) / kept_w.sum(axis=0)
-            return total
-
-        return _blockwise(models, kernel)
+    return _blockwise(models, kernel)
 
 
-@dataclass(frozen=True)
-class Median:
-    """Coordinate-wise median (Yin et al., 2018); weights are checked, then ignored.
+def check_trim_fraction(trim_fraction: float) -> None:
+    """Refuse a fraction that would trim every value (or is not a number)."""
+    if not (math.isfinite(trim_fraction) and 0 <= trim_fraction < 0.5):
+        raise ValueError(f"trim_fraction must be in [0, 0.5), got {trim_fraction}")
 
-    Each update counts once: weighting the median would let the participant
-    claiming the most samples pull every coordinate toward its own values,
-    which is what a robust aggregator is there to prevent. With an even count
-    the median is the mean of the two middle values.
+
+def median(deltas: Sequence[Sequence[np.ndarray]], weights: Sequence[float]) -> list[np.ndarray]:
+    """The median of each coordinate's values; the weights are checked, then ignored.
+
+    With an even count it is the mean of the two middle values.
     """
+    models, _ = _validated(deltas, weights)
+    low, high = (len(models) - 1) // 2, len(models) // 2
 
-    name = "median"
+    def kernel(block: Float64Array) -> Float64Array:
+        # A full sort of K rows beats np.median's partition here (3x at
+        # K=8): numpy partitions each short column separately.
+        ordered = np.sort(block, axis=0)
+        middle: Float64Array = (ordered[low] + ordered[high]) * 0.5
+        return middle
 
-    def aggregate(
-        self, deltas: Sequence[Sequence[np.ndarray]], weights: Sequence[float]
-    ) -> list[np.ndarray]:
-        """Median of each coordinate's values across the updates."""
-        models, _ = _validated(deltas, weights)
-        low, high = (len(models) - 1) // 2, len(models) // 2
-
-        def kernel(block: Float64Array) -> Float64Array:
-            # A full sort of K rows beats np.median's partition here (3x at
-            # K=8): numpy partitions each short column separately.
-            ordered = np.sort(block, axis=0)
-            middle: Float64Array = (ordered[low] + ordered[high]) * 0.5
-            return middle
-
-        return _blockwise(models, kernel)
-
-
-_STRATEGIES: dict[str, type[WeightedMean] | type[TrimmedMean] | type[Median]] = {
-    WeightedMean.name: WeightedMean,
-    TrimmedMean.name: TrimmedMean,
-    Median.name: Median,
-}
-
-STRATEGY_NAMES: tuple[str, ...] = tuple(_STRATEGIES)
-"""Names make_strategy accepts, as SessionConfig.strategy carries them."""
-
-
-def make_strategy(name: str, **options: Any) -> Strategy:
-    """The strategy called `name`, configured by `options` (e.g. trim_fraction=0.1)."""
-    factory = _STRATEGIES.get(name)
-    if factory is None:
-        raise ValueError(
-            f"unknown aggregation strategy {name!r}; valid names: {', '.join(STRATEGY_NAMES)}"
-        )
-    accepted = {f.name for f in fields(factory)}
-    unknown = sorted(set(options) - accepted)
-    if unknown:
-        valid = ", ".join(sorted(accepted)) or "none"
-        raise ValueError(
-            f"strategy {name!r} takes no option {', '.join(unknown)}; its options: {valid}"
-        )
-    return factory(**options)
+    return _blockwise(models, kernel)
 
 
 class ParticipantSums:
@@ -228,13 +172,13 @@ class ParticipantSums:
 
     Clients push incremental deltas (progress since their previous push), so
     a participant's buffered updates add up to its progress since the first
-    of them; the strategy then combines participants. Averaging them as
+    of them; the reduction then combines participants. Averaging them as
     separate updates would apply 1/K of a lone participant's progress and let
-    one who pushes often count several times in a robust strategy.
+    one who pushes often count several times in a robust reduction.
     """
 
-    def __init__(self, strategy: Strategy) -> None:
-        self._strategy = strategy
+    def __init__(self, reduce: Reduce) -> None:
+        self._reduce = reduce
         self._sums: dict[str, tuple[list[np.ndarray], float]] = {}
 
     def add(self, participant_id: str, delta: Sequence[np.ndarray], weight: float) -> None:
@@ -246,21 +190,21 @@ class ParticipantSums:
             return
         total, total_weight = previous
         _check_like(total, tensors, f"delta of {participant_id!r}")
-        # A sum beyond float32 becomes inf here and is refused by the strategy.
+        # A sum beyond float32 becomes inf here and is refused by the reduction.
         with np.errstate(over="ignore", invalid="ignore"):
             summed = [a + b for a, b in zip(total, tensors, strict=True)]
         self._sums[participant_id] = (summed, total_weight + float(weight))
 
     def copy(self) -> ParticipantSums:
         """An independent copy: add() replaces a participant's arrays, never writes into them."""
-        twin = ParticipantSums(self._strategy)
+        twin = ParticipantSums(self._reduce)
         twin._sums = dict(self._sums)
         return twin
 
     def result(self) -> list[np.ndarray]:
-        """The strategy's aggregate of the participants' sums, weighted by their summed weights."""
+        """The reduction of the participants' sums, weighted by their summed weights."""
         sums = list(self._sums.values())
-        return self._strategy.aggregate([d for d, _ in sums], [w for _, w in sums])
+        return self._reduce([d for d, _ in sums], [w for _, w in sums])
 
 
 def apply_update(
@@ -290,6 +234,40 @@ def apply_update(
             )
         result.append(new)
     return result
+
+
+def server_step(
+    global_tensors: Sequence[np.ndarray],
+    aggregate: Sequence[np.ndarray],
+    *,
+    learning_rate: float,
+    momentum: float = 0.0,
+    velocity: Sequence[np.ndarray] | None = None,
+) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """(new global, velocity to carry): FedAvgM's step, FedAvg's when momentum is 0.
+
+    velocity = momentum * velocity + aggregate, summed in float64 and kept as
+    float32 (the form a restart reads back, so a restart continues exactly);
+    new = global + learning_rate * velocity. With momentum 0 no velocity is
+    carried (None) and new = global + learning_rate * aggregate, bit for bit.
+    None as the incoming velocity is a velocity of zeros.
+    """
+    if not (math.isfinite(momentum) and 0 <= momentum < 1):
+        raise ValueError(f"momentum must lie in [0, 1), got {momentum}")
+    if momentum == 0:
+        return apply_update(global_tensors, aggregate, server_lr=learning_rate), None
+    step = _float_tensors(aggregate, "aggregate")
+    if velocity is not None:
+        previous = _float_tensors(velocity, "velocity")
+        _check_like(step, previous, "velocity")
+        with np.errstate(over="ignore"):
+            step = [
+                (p.astype(np.float64) * momentum + a).astype(np.float32)
+                for p, a in zip(previous, step, strict=True)
+            ]
+        for index, tensor in enumerate(step):
+            _check_finite(tensor, f"velocity tensor {index}")
+    return apply_update(global_tensors, step, server_lr=learning_rate), step
 
 
 def _weighted_sum(flats: Sequence[np.ndarray], weights: Float64Array) -> np.ndarray:

@@ -4,7 +4,8 @@ An update's L2 norm (over all its tensors) is refused when it exceeds
 `factor` times a reference:
 
 - the median norm of the session's last WINDOW accepted updates, once at
-  least WARMUP of them are known (since this server started), but never
+  least WARMUP of them are known (kept across restarts: each accepted
+  update's norm is in its ack row, and recovery reads them back), but never
   less than MODEL_FLOOR of the global model's own norm, so an update as
   large as the model itself is never refused for being larger than the
   recent ones. Update sizes in RL change by orders of magnitude between
@@ -33,7 +34,6 @@ it: it would need half of the last WINDOW updates.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import deque
 from collections.abc import Sequence
@@ -41,6 +41,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from fedrl.server.refusals import InvalidRequestError
+from fedrl.server.strategy.aggregate import l2_norm
 
 WINDOW = 32
 """Accepted updates whose norms the median is taken over."""
@@ -50,15 +51,6 @@ MODEL_FLOOR = 0.05
 """The reference is at least this share of the global model's norm: with the default factor
 of 20, an update up to the model's own norm is never refused for being larger than the recent
 ones (an honest sync measured at most 0.4 of it)."""
-
-
-def l2_norm(tensors: Sequence[np.ndarray]) -> float:
-    """The global L2 norm, squares summed in float64 (finite for any float32 input)."""
-    total = 0.0
-    for tensor in tensors:
-        flat = tensor.reshape(-1)
-        total += float(np.einsum("i,i->", flat, flat, dtype=np.float64))
-    return math.sqrt(total)
 
 
 class NormBound:
@@ -99,3 +91,8 @@ class NormBound:
     def accepted(self, norm: float) -> None:
         """Count the norm of an update that was acknowledged."""
         self._recent.append(norm)
+
+    @property
+    def window(self) -> int:
+        """How many of the newest accepted norms the bound looks at."""
+        return WINDOW
