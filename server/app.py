@@ -32,13 +32,14 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from fedrl.common.chunking import DecodeLimits
 from fedrl.common.tls import TlsPaths
 from fedrl.server.config import ServerConfig
 from fedrl.server.dashboard.web import Dashboard
 from fedrl.server.federation.federation import Federation
-from fedrl.server.federation.service import federation_service
+from fedrl.server.federation.service import FederationServicer
 from fedrl.server.population.population import Population
-from fedrl.server.population.service import population_service
+from fedrl.server.population.service import PopulationServicer
 from fedrl.server.security.auth import HEALTH_METHODS, AuthInterceptor, server_transport
 from fedrl.server.status.global_state import GlobalStateFile
 from fedrl.server.status.read_model import ServerStatus
@@ -106,9 +107,20 @@ async def run_server(
         # Population sessions (population-based training) live in the same sessions.
         population = Population(config, federation)
         await population.open()
+        limits = DecodeLimits(
+            max_total_raw_bytes=config.max_model_bytes, max_chunk_bytes=config.chunk_bytes
+        )
         services = [
-            federation_service(federation, status.read, config),
-            population_service(population, config),
+            FederationServicer(
+                federation,
+                status=status.read,
+                limits=limits,
+                chunk_bytes=config.chunk_bytes,
+                call_limits=config.limits,
+            ).registration(),
+            PopulationServicer(
+                population, limits=limits, chunk_bytes=config.chunk_bytes, call_limits=config.limits
+            ).registration(),
             *extra_services,
         ]
         server = grpc.aio.server(

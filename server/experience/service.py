@@ -26,7 +26,8 @@ from fedrl.server.experience.store import Ack, StoredBatch
 from fedrl.server.refusals import InvalidRequestError
 from fedrl.server.transport.call_context import REFUSALS, Context, abort, acting_as, limits_key
 from fedrl.server.transport.grpc_server import ServiceRegistration
-from fedrl.server.transport.limits import RateLimiter, StreamCounter, drain, with_idle_timeout
+from fedrl.server.transport.limits import CallLimits
+from fedrl.server.transport.uploads import upload_bytes
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExperienceExchange"].full_name
 
@@ -36,13 +37,11 @@ class ExperienceServicer(pb_grpc.ExperienceExchangeServicer):
 
     def __init__(self, exchange: ExperienceExchange) -> None:
         self._exchange = exchange
-        limits = exchange.config.limits
-        # The Federation service's limits, counted apart: a participant's
-        # experience pushes and pulls never use up its update pushes' budget.
-        self._pushes = RateLimiter(
-            rate_per_s=limits.push_rate_per_s, burst=limits.push_burst, what="experience push"
+        self._calls = CallLimits(
+            exchange.config.limits,
+            max_upload_bytes=upload_bytes(exchange.decode_limits),
+            what="experience push",
         )
-        self._streams = StreamCounter(max_per_participant=limits.max_streams_per_participant)
 
     async def PushExperience(
         self, request_iterator: AsyncIterator[pb.ExperienceChunk], context: Context
@@ -51,12 +50,10 @@ class ExperienceServicer(pb_grpc.ExperienceExchangeServicer):
         header: pb.ExperienceHeader | None = None
         participant = ""
         assembler: BatchAssembler | None = None
-        messages = with_idle_timeout(
-            request_iterator, self._exchange.config.limits.stream_idle_timeout_s, what="experience"
-        )
+        messages = self._calls.incoming(request_iterator, "experience")
         try:
             key = limits_key(context)
-            with self._streams.hold(key):
+            with self._calls.streams.hold(key):
                 async for message in messages:
                     if message.HasField("header"):
                         if assembler is not None:
@@ -67,7 +64,7 @@ class ExperienceServicer(pb_grpc.ExperienceExchangeServicer):
                         header = message.header
                         participant = acting_as(context, header.participant_id)
                         # Each batch takes a token: one call cannot carry a flood.
-                        self._pushes.acquire(key)
+                        self._calls.rate.acquire(key)
                         await self._exchange.check_push(
                             header.session, participant, header.sequence
                         )
@@ -95,29 +92,19 @@ class ExperienceServicer(pb_grpc.ExperienceExchangeServicer):
         except DecodeError as exc:
             if header is not None:
                 await self._exchange.count_rejection(header.session, participant)
-            await self._drain(messages)
+            await self._calls.drain(messages)
             await abort(context, exc)
         except REFUSALS as exc:
-            await self._drain(messages)
+            await self._calls.drain(messages)
             await abort(context, exc)
         return reply
-
-    async def _drain(self, messages: AsyncIterator[pb.ExperienceChunk]) -> None:
-        """Read the rest of a refused push before answering (see limits.drain): a refusal
-        while the client still writes reaches it as INTERNAL now and then."""
-        limits = self._exchange.decode_limits
-        await drain(
-            messages,
-            max_bytes=limits.max_total_raw_bytes + limits.max_chunk_bytes,
-            timeout_s=self._exchange.config.limits.stream_idle_timeout_s,
-        )
 
     async def PullExperience(
         self, request: pb.PullExperienceRequest, context: Context
     ) -> AsyncIterator[pb.ExperienceChunk]:
         with ExitStack() as open_stream:
             try:
-                open_stream.enter_context(self._streams.hold(limits_key(context)))
+                open_stream.enter_context(self._calls.streams.hold(limits_key(context)))
                 participant = acting_as(context, request.participant_id)
                 batches, next_cursor = await self._exchange.pull(
                     request.session,
@@ -149,12 +136,10 @@ class ExperienceServicer(pb_grpc.ExperienceExchangeServicer):
 def experience_service(data_dir: Path, config: ExperienceConfig) -> ServiceRegistration:
     """The ExperienceExchange service over the data dir's stores, closed with the server."""
     exchange = ExperienceExchange(data_dir, config)
-    servicer = ExperienceServicer(exchange)
-    return ServiceRegistration(
-        name=SERVICE_NAME,
-        add=lambda server: pb_grpc.add_ExperienceExchangeServicer_to_server(  # type: ignore[no-untyped-call]
-            servicer, server
-        ),
+    return ServiceRegistration.of(
+        SERVICE_NAME,
+        pb_grpc.add_ExperienceExchangeServicer_to_server,
+        ExperienceServicer(exchange),
         close=exchange.close,
     )
 

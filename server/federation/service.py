@@ -25,7 +25,6 @@ from fedrl.common.errors import DecodeError
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.config import ServerConfig
 from fedrl.server.federation.aggregator import NamedTensors
 from fedrl.server.federation.checks import ACCEPTED_DELTA_DTYPES
 from fedrl.server.federation.federation import Federation
@@ -41,15 +40,9 @@ from fedrl.server.transport.call_context import (
     limits_key,
 )
 from fedrl.server.transport.grpc_server import ServiceRegistration
-from fedrl.server.transport.limits import (
-    LimitsConfig,
-    RateLimiter,
-    StreamCounter,
-    drain,
-    with_idle_timeout,
-)
+from fedrl.server.transport.limits import CallLimits, LimitsConfig
 from fedrl.server.transport.request_fields import check_pull_model, check_raise_goal
-from fedrl.server.transport.uploads import assemble_upload, first_message
+from fedrl.server.transport.uploads import assemble_upload, first_message, upload_bytes
 
 log = logging.getLogger(__name__)
 
@@ -108,11 +101,7 @@ class FederationServicer(pb_grpc.FederationServicer):
         self._status = status
         self._limits = limits
         self._chunk_bytes = chunk_bytes
-        self._pushes = RateLimiter(
-            rate_per_s=call_limits.push_rate_per_s, burst=call_limits.push_burst
-        )
-        self._streams = StreamCounter(max_per_participant=call_limits.max_streams_per_participant)
-        self._idle_s = call_limits.stream_idle_timeout_s
+        self._calls = CallLimits(call_limits, max_upload_bytes=upload_bytes(limits))
         self._cache = EncodedModelCache(max_bytes=cache_bytes)
         # One encoding thread keeps the event loop free during zstd; pulls of
         # one new version share one encoding (see _encoded), so more threads
@@ -125,40 +114,6 @@ class FederationServicer(pb_grpc.FederationServicer):
             return await call()
         except REFUSALS as exc:
             await abort(context, exc)
-
-    async def _upload(
-        self,
-        context: Context,
-        requests: AsyncIterator[T],
-        what: str,
-        handle: Callable[[AsyncIterator[T]], Awaitable[R]],
-    ) -> R:
-        """Run `handle` on an upload's messages once it passed the stream and rate limits.
-
-        Whatever `handle` answers, the rest of the stream is read first (see
-        limits.drain): a refusal or a stored answer often comes before the
-        client has sent its last chunk.
-        """
-        key = limits_key(context)
-        # Dropped if the sender stalls, while handled and while drained.
-        messages = with_idle_timeout(requests, self._idle_s, what=what)
-        try:
-            with self._streams.hold(key):
-                self._pushes.acquire(key)
-                result = await handle(messages)
-        except REFUSALS:
-            await self._drain(messages)
-            raise
-        await self._drain(messages)
-        return result
-
-    async def _drain(self, messages: AsyncIterator[Any]) -> None:
-        """limits.drain, up to the largest upload this server accepts and its idle timeout."""
-        await drain(
-            messages,
-            max_bytes=self._limits.max_total_raw_bytes + self._limits.max_chunk_bytes,
-            timeout_s=self._idle_s,
-        )
 
     async def Join(self, request: pb.JoinRequest, context: Context) -> pb.JoinReply:
         async def call() -> pb.JoinReply:
@@ -200,7 +155,8 @@ class FederationServicer(pb_grpc.FederationServicer):
             return pb.SeedReply(version=version)
 
         return await self._guard(
-            context, lambda: self._upload(context, request_iterator, "seed", handle)
+            context,
+            lambda: self._calls.upload(limits_key(context), request_iterator, "seed", handle),
         )
 
     async def PushUpdate(
@@ -215,7 +171,7 @@ class FederationServicer(pb_grpc.FederationServicer):
             request = _push_request(header, acting_as(context, header.participant_id))
             known = await self._federation.check_push(request)
             if known is not None:
-                # A repeated push is answered from its header; _upload drains the body.
+                # A repeated push is answered from its header; the upload drains the body.
                 return _push_reply(known)
             try:
                 tensors = await self._assemble(header.tensors, messages, "update")
@@ -228,7 +184,8 @@ class FederationServicer(pb_grpc.FederationServicer):
             return _push_reply(await self._federation.push(request, tensors))
 
         return await self._guard(
-            context, lambda: self._upload(context, request_iterator, "update", handle)
+            context,
+            lambda: self._calls.upload(limits_key(context), request_iterator, "update", handle),
         )
 
     async def _assemble(
@@ -244,7 +201,7 @@ class FederationServicer(pb_grpc.FederationServicer):
     ) -> AsyncIterator[pb.ModelChunk]:
         with ExitStack() as open_stream:
             try:
-                open_stream.enter_context(self._streams.hold(limits_key(context)))
+                open_stream.enter_context(self._calls.streams.hold(limits_key(context)))
                 requester = (
                     acting_as(context, request.participant_id)
                     if request.participant_id
@@ -304,6 +261,12 @@ class FederationServicer(pb_grpc.FederationServicer):
         """Stop the encoding thread once no call is left."""
         await asyncio.to_thread(self._encoder.shutdown, wait=True)
 
+    def registration(self) -> ServiceRegistration:
+        """This servicer as a service of the server, closed with it."""
+        return ServiceRegistration.of(
+            SERVICE_NAME, pb_grpc.add_FederationServicer_to_server, self, close=self.close
+        )
+
     async def Status(self, request: pb.StatusRequest, context: Context) -> pb.StatusReply:
         return await self._guard(
             context, lambda: self._status(request.session, request.max_versions)
@@ -323,7 +286,7 @@ class FederationServicer(pb_grpc.FederationServicer):
         with ExitStack() as open_stream:
             try:
                 # Watches stay open for hours: they count against the stream limit.
-                open_stream.enter_context(self._streams.hold(limits_key(context)))
+                open_stream.enter_context(self._calls.streams.hold(limits_key(context)))
                 if request.participant_id:
                     acting_as(context, request.participant_id)
                 session = self._federation.session(request.session)
@@ -396,26 +359,4 @@ def _push_reply(result: PushResult) -> pb.PushReply:
         staleness=result.staleness,
         weight=result.weight,
         goal=result.goal,
-    )
-
-
-def federation_service(
-    federation: Federation, status: StatusSource, config: ServerConfig
-) -> ServiceRegistration:
-    """The Federation service over `federation`, answering Status from `status`."""
-    servicer = FederationServicer(
-        federation,
-        status=status,
-        limits=DecodeLimits(
-            max_total_raw_bytes=config.max_model_bytes, max_chunk_bytes=config.chunk_bytes
-        ),
-        chunk_bytes=config.chunk_bytes,
-        call_limits=config.limits,
-    )
-    return ServiceRegistration(
-        name=SERVICE_NAME,
-        add=lambda server: pb_grpc.add_FederationServicer_to_server(  # type: ignore[no-untyped-call]
-            servicer, server
-        ),
-        close=servicer.close,
     )

@@ -20,21 +20,14 @@ from fedrl.proto.v1 import federation_pb2 as fpb
 from fedrl.proto.v1 import population_pb2 as pb
 from fedrl.proto.v1 import population_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.config import ServerConfig
 from fedrl.server.federation.session import goal_state
 from fedrl.server.population.population import Population, ReportRequest
 from fedrl.server.population.records import Assignment
 from fedrl.server.refusals import InvalidRequestError
 from fedrl.server.transport.call_context import REFUSALS, Context, abort, acting_as, limits_key
 from fedrl.server.transport.grpc_server import ServiceRegistration
-from fedrl.server.transport.limits import (
-    LimitsConfig,
-    RateLimiter,
-    StreamCounter,
-    drain,
-    with_idle_timeout,
-)
-from fedrl.server.transport.uploads import assemble_upload, first_message
+from fedrl.server.transport.limits import CallLimits, LimitsConfig
+from fedrl.server.transport.uploads import assemble_upload, first_message, upload_bytes
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Population"].full_name
 
@@ -53,12 +46,11 @@ class PopulationServicer(pb_grpc.PopulationServicer):
         self._population = population
         self._limits = limits
         self._chunk_bytes = chunk_bytes
-        # Counted apart from weight updates, as experience pushes are.
-        self._reports = RateLimiter(
-            rate_per_s=call_limits.push_rate_per_s, burst=call_limits.push_burst, what="report"
-        )
-        self._streams = StreamCounter(max_per_participant=call_limits.max_streams_per_participant)
-        self._idle_s = call_limits.stream_idle_timeout_s
+        self._calls = CallLimits(call_limits, max_upload_bytes=upload_bytes(limits), what="report")
+
+    def registration(self) -> ServiceRegistration:
+        """This servicer as a service of the server."""
+        return ServiceRegistration.of(SERVICE_NAME, pb_grpc.add_PopulationServicer_to_server, self)
 
     async def Enroll(self, request: pb.EnrollRequest, context: Context) -> pb.MemberAssignment:
         try:
@@ -73,23 +65,15 @@ class PopulationServicer(pb_grpc.PopulationServicer):
     async def Report(
         self, request_iterator: AsyncIterator[pb.ReportChunk], context: Context
     ) -> pb.ReportReply:
-        messages = with_idle_timeout(request_iterator, self._idle_s, what="report")
         try:
-            key = limits_key(context)
-            with self._streams.hold(key):
-                self._reports.acquire(key)
-                try:
-                    reply = await self._report(messages, context)
-                finally:
-                    # A refusal often comes before the last chunk: read the rest first.
-                    await drain(
-                        messages,
-                        max_bytes=self._limits.max_total_raw_bytes + self._limits.max_chunk_bytes,
-                        timeout_s=self._idle_s,
-                    )
+            return await self._calls.upload(
+                limits_key(context),
+                request_iterator,
+                "report",
+                lambda messages: self._report(messages, context),
+            )
         except REFUSALS as exc:
             await abort(context, exc)
-        return reply
 
     async def _report(
         self, messages: AsyncIterator[pb.ReportChunk], context: Context
@@ -125,7 +109,7 @@ class PopulationServicer(pb_grpc.PopulationServicer):
     ) -> AsyncIterator[fpb.ModelChunk]:
         with ExitStack() as open_stream:
             try:
-                open_stream.enter_context(self._streams.hold(limits_key(context)))
+                open_stream.enter_context(self._calls.streams.hold(limits_key(context)))
                 pid = acting_as(context, request.participant_id)
                 donor = await self._population.donor(request.session, pid, request.generation)
                 header, chunks = await asyncio.to_thread(
@@ -164,21 +148,3 @@ def _reason(stale: bool, reason: str) -> str:
     if stale:
         return "trained in a generation this member has left: adopt its assignment first"
     return reason
-
-
-def population_service(population: Population, config: ServerConfig) -> ServiceRegistration:
-    """The Population service over `population`."""
-    servicer = PopulationServicer(
-        population,
-        limits=DecodeLimits(
-            max_total_raw_bytes=config.max_model_bytes, max_chunk_bytes=config.chunk_bytes
-        ),
-        chunk_bytes=config.chunk_bytes,
-        call_limits=config.limits,
-    )
-    return ServiceRegistration(
-        name=SERVICE_NAME,
-        add=lambda server: pb_grpc.add_PopulationServicer_to_server(  # type: ignore[no-untyped-call]
-            servicer, server
-        ),
-    )

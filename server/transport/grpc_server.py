@@ -29,6 +29,18 @@ class ServiceRegistration:
     close: Callable[[], Awaitable[None]] | None = None
     """Called at shutdown once no call is in flight, to flush and release what it holds."""
 
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        add_servicer: Callable[[Any, grpc.aio.Server], None],
+        servicer: object,
+        *,
+        close: Callable[[], Awaitable[None]] | None = None,
+    ) -> ServiceRegistration:
+        """`servicer` as the service `name`, added by its generated add_*_to_server."""
+        return cls(name=name, add=lambda server: add_servicer(servicer, server), close=close)
+
 
 def server_options(*, max_message_bytes: int) -> list[tuple[str, Any]]:
     """Channel arguments of the server, each with the reason for its value."""

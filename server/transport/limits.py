@@ -16,16 +16,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from fedrl.server.transport.call_context import CallError
+from fedrl.server.transport.call_context import REFUSALS, CallError
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 _PRUNE_ABOVE = 1024
 """Buckets kept before idle ones are swept; more participants than this is a big session."""
@@ -204,3 +205,53 @@ async def drain(messages: AsyncIterator[_Sized], *, max_bytes: int, timeout_s: f
                 budget -= message.ByteSize()
                 if budget < 0:
                     return
+
+
+class CallLimits:
+    """One service's limits on each participant's calls: uploads rated, streams counted.
+
+    Each service keeps its own, so a participant's experience pushes never
+    use up its update pushes' budget, nor its population reports either.
+    """
+
+    def __init__(self, limits: LimitsConfig, *, max_upload_bytes: int, what: str = "push") -> None:
+        """`max_upload_bytes`: the largest upload the service accepts (what drain reads)."""
+        self.rate = RateLimiter(
+            rate_per_s=limits.push_rate_per_s, burst=limits.push_burst, what=what
+        )
+        self.streams = StreamCounter(max_per_participant=limits.max_streams_per_participant)
+        self.idle_s = limits.stream_idle_timeout_s
+        self._max_upload_bytes = max_upload_bytes
+
+    def incoming(self, requests: AsyncIterable[T], what: str) -> AsyncIterator[T]:
+        """An upload's messages, dropped if the sender stalls longer than the idle timeout."""
+        return with_idle_timeout(requests, self.idle_s, what=what)
+
+    async def drain(self, messages: AsyncIterator[Any]) -> None:
+        """drain() up to the largest upload the service accepts and its idle timeout."""
+        await drain(messages, max_bytes=self._max_upload_bytes, timeout_s=self.idle_s)
+
+    async def upload(
+        self,
+        key: str,
+        requests: AsyncIterable[T],
+        what: str,
+        handle: Callable[[AsyncIterator[T]], Awaitable[R]],
+    ) -> R:
+        """Run `handle` on an upload's messages once it passed the stream and rate limits.
+
+        Whatever `handle` answers, the rest of the stream is read first (see
+        drain): a refusal or a stored answer often comes before the client
+        has sent its last chunk.
+        """
+        # Dropped if the sender stalls, while handled and while drained.
+        messages = self.incoming(requests, what)
+        try:
+            with self.streams.hold(key):
+                self.rate.acquire(key)
+                result = await handle(messages)
+        except REFUSALS:
+            await self.drain(messages)
+            raise
+        await self.drain(messages)
+        return result

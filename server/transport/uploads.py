@@ -22,6 +22,11 @@ T = TypeVar("T")
 NamedTensors = list[tuple[str, np.ndarray]]
 
 
+def upload_bytes(limits: DecodeLimits) -> int:
+    """The most bytes an upload within `limits` sends: its decoded tensors and one chunk more."""
+    return limits.max_total_raw_bytes + limits.max_chunk_bytes
+
+
 async def assemble_upload(
     header: tpb.TensorListHeader,
     messages: AsyncIterator[Any],
