@@ -14,21 +14,24 @@ link or the server's rate limit makes updates larger, not late), the main
 thread:
 
 1. takes an INCREMENTAL delta, local − reference, where the reference is the
-   weights at the last push or adoption (the lead's decision: a delta from
-   the last adopted global would resend the previous push's progress when no
-   new global arrived in between, counting it twice), writes it to the outbox
+   weights at the last push or adoption (a delta from the last adopted
+   global would resend the previous push's progress when no new global
+   arrived in between, counting it twice), writes it to the outbox
    with the counts since the last push and the metrics, then records the new
    reference in the sync state file, and only then lets the network thread
    send it;
 2. adopts a newer global version g if the network thread pulled one (it
-   pulls as soon as the link hears of a new version): local := g + (local −
-   reference), the reference := g. The term in brackets is what was learned
-   since the last push and not yet sent, so adoption loses no local work.
-   The learner's target network is reset to the new weights by default
-   (`target_at_adoption` also offers keep and shift). The optimizer state
-   (Adam's moments) is kept: it describes the loss surface around a nearby
-   model, and resetting it would restart Adam's bias correction with
-   oversized first steps after every sync.
+   pulls as soon as the link hears of a new version): the new reference is
+   g plus this participant's deltas that g does not hold yet (the server
+   says which it holds: `applied_sequence`), and local moves by the change
+   of reference, the others' progress (`rebase`). What was learned since the
+   last push and not yet sent stays in local − reference, so adoption loses
+   no local work.
+   The learner's target network is shifted by the same change as the online
+   net by default (`target_at_adoption` also offers reset and keep). The
+   optimizer state (Adam's moments) is kept: it describes the loss surface
+   around a nearby model, and resetting it would restart Adam's bias
+   correction with oversized first steps after every sync.
 3. at the end (the session goal, the run's budget, Ctrl-C) pushes the
    remaining progress and waits, bounded, for its acknowledgement
    (`finish`); the caller saves.
@@ -444,9 +447,6 @@ class WeightSync:
         (its deltas travel as the server decodes them, and the reference adds
         them the same way), so a participant alone in a session learns as it
         would offline: online and target net, optimizer and replay untouched.
-        Measured (CartPole, N = 2, weights and experience, 10 seeds, lock-step
-        simulation): shifting the target solved 1.9x faster to a first greedy
-        475 than resetting it, whose group never held 475 within 8k steps.
         """
         assert self._state is not None
         state = self._state
