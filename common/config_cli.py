@@ -11,7 +11,7 @@ an installed wheel that ships bytecode only.
 How a field becomes an option, the same for every command:
 
 - the option is `--field-name` (underscores become dashes), unless `doc(flag=...)` names another;
-- bool: a `--name/--no-name` pair;
+- bool: a `--name/--no-name` pair; bool | None: the same, None when neither is given;
 - Literal["a", "b"]: one of those values;
 - int | None and float | None: a number, or `none` to switch the knob off;
 - str | None and Path | None: None when the option is left out;
@@ -206,7 +206,7 @@ def click_option(option: ConfigOption) -> Callable[[Callable[..., R]], Callable[
         settings["show_default"] = option.default not in ("", None, ())
     names = [option.flag]
     hint = _without_none(option.hint)
-    if option.hint is bool:
+    if hint is bool:
         names = [f"{option.flag}/--no-{option.flag[2:]}"]
     elif typing.get_origin(hint) is tuple and typing.get_args(hint) == (str, ...):
         settings["multiple"] = True

@@ -18,7 +18,7 @@ class GoalState(_message.Message):
     def __init__(self, total_episodes: _Optional[int] = ..., episodes_done: _Optional[int] = ..., reached: _Optional[bool] = ...) -> None: ...
 
 class SessionConfig(_message.Message):
-    __slots__ = ("max_staleness", "buffer_size", "chunk_bytes", "max_message_bytes", "strategy", "server_learning_rate", "sync_interval", "delta_dtypes", "global_eval_interval", "push_rate_per_s", "pbt_ready_steps", "pbt_quantile", "pbt_resample_probability")
+    __slots__ = ("max_staleness", "buffer_size", "chunk_bytes", "max_message_bytes", "strategy", "server_learning_rate", "sync_interval", "delta_dtypes", "global_eval_interval", "push_rate_per_s", "pbt_ready_steps", "pbt_quantile", "pbt_resample_probability", "rules")
     MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
     BUFFER_SIZE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,7 @@ class SessionConfig(_message.Message):
     PBT_READY_STEPS_FIELD_NUMBER: _ClassVar[int]
     PBT_QUANTILE_FIELD_NUMBER: _ClassVar[int]
     PBT_RESAMPLE_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
     max_staleness: int
     buffer_size: int
     chunk_bytes: int
@@ -45,23 +46,50 @@ class SessionConfig(_message.Message):
     pbt_ready_steps: int
     pbt_quantile: float
     pbt_resample_probability: float
-    def __init__(self, max_staleness: _Optional[int] = ..., buffer_size: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., strategy: _Optional[str] = ..., server_learning_rate: _Optional[float] = ..., sync_interval: _Optional[int] = ..., delta_dtypes: _Optional[_Iterable[_Union[_tensor_pb2.DType, str]]] = ..., global_eval_interval: _Optional[int] = ..., push_rate_per_s: _Optional[float] = ..., pbt_ready_steps: _Optional[int] = ..., pbt_quantile: _Optional[float] = ..., pbt_resample_probability: _Optional[float] = ...) -> None: ...
+    rules: GroupRules
+    def __init__(self, max_staleness: _Optional[int] = ..., buffer_size: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., strategy: _Optional[str] = ..., server_learning_rate: _Optional[float] = ..., sync_interval: _Optional[int] = ..., delta_dtypes: _Optional[_Iterable[_Union[_tensor_pb2.DType, str]]] = ..., global_eval_interval: _Optional[int] = ..., push_rate_per_s: _Optional[float] = ..., pbt_ready_steps: _Optional[int] = ..., pbt_quantile: _Optional[float] = ..., pbt_resample_probability: _Optional[float] = ..., rules: _Optional[_Union[GroupRules, _Mapping]] = ...) -> None: ...
+
+class GroupRules(_message.Message):
+    __slots__ = ("share", "sync_interval", "sync_steps", "round_wait_s", "rounds_from", "shared_warmup", "delta_dtype", "foreign_credit", "round_foreign_credit", "credit_at_own_pace")
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    SYNC_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    SYNC_STEPS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FROM_FIELD_NUMBER: _ClassVar[int]
+    SHARED_WARMUP_FIELD_NUMBER: _ClassVar[int]
+    DELTA_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    FOREIGN_CREDIT_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FOREIGN_CREDIT_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_AT_OWN_PACE_FIELD_NUMBER: _ClassVar[int]
+    share: str
+    sync_interval: int
+    sync_steps: int
+    round_wait_s: float
+    rounds_from: int
+    shared_warmup: bool
+    delta_dtype: _tensor_pb2.DType
+    foreign_credit: float
+    round_foreign_credit: float
+    credit_at_own_pace: bool
+    def __init__(self, share: _Optional[str] = ..., sync_interval: _Optional[int] = ..., sync_steps: _Optional[int] = ..., round_wait_s: _Optional[float] = ..., rounds_from: _Optional[int] = ..., shared_warmup: _Optional[bool] = ..., delta_dtype: _Optional[_Union[_tensor_pb2.DType, str]] = ..., foreign_credit: _Optional[float] = ..., round_foreign_credit: _Optional[float] = ..., credit_at_own_pace: _Optional[bool] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("session", "participant_id", "spec", "spec_hash", "client_version", "mode")
+    __slots__ = ("session", "participant_id", "spec", "spec_hash", "client_version", "mode", "rules")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
     CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
     session: str
     participant_id: str
     spec: _tensor_pb2.ModelSpec
     spec_hash: str
     client_version: str
     mode: str
-    def __init__(self, session: _Optional[str] = ..., participant_id: _Optional[str] = ..., spec: _Optional[_Union[_tensor_pb2.ModelSpec, _Mapping]] = ..., spec_hash: _Optional[str] = ..., client_version: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
+    rules: GroupRules
+    def __init__(self, session: _Optional[str] = ..., participant_id: _Optional[str] = ..., spec: _Optional[_Union[_tensor_pb2.ModelSpec, _Mapping]] = ..., spec_hash: _Optional[str] = ..., client_version: _Optional[str] = ..., mode: _Optional[str] = ..., rules: _Optional[_Union[GroupRules, _Mapping]] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("config", "current_version", "goal", "server_time_unix_ms", "last_update_sequence", "last_experience_sequence", "spec_hash")
