@@ -11,6 +11,8 @@ import datetime as dt
 import unicodedata
 from collections.abc import Mapping, Sequence
 
+from fedrl.common.group_rules import described
+from fedrl.common.group_rules_serde import rules_from_proto
 from fedrl.proto.v1 import federation_pb2 as pb
 
 
@@ -73,6 +75,7 @@ def render_session(state: pb.SessionState) -> str:
     if state.mode == "pbt":
         summary[0] += "  population (pbt)"
         return "\n".join(summary) + "\n\n" + render_population(state)
+    rules = render_rules(state.config) if state.config.HasField("rules") else ""
     participants = table(
         [
             "participant",
@@ -127,7 +130,16 @@ def render_session(state: pb.SessionState) -> str:
         ],
         numeric={0, 1, 3, 4, 5},
     )
-    return "\n".join(summary) + "\n\n" + participants + "\n\n" + versions
+    return "\n\n".join(part for part in ("\n".join(summary), rules, participants, versions) if part)
+
+
+def render_rules(config: pb.SessionConfig) -> str:
+    """The session's rules: each as its option, its value and what it makes the group do."""
+    return table(
+        ["rule", "value", "what every member does"],
+        [list(row) for row in described(rules_from_proto(config.rules))],
+        numeric=set(),
+    )
 
 
 def render_population(state: pb.SessionState) -> str:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedrl.common.config_cli import doc
+from fedrl.common.config_cli import doc, section
+from fedrl.common.group_rules import GroupRules, RuleChoices, RulesError, parse_choice
 from fedrl.common.identity import validate_participant_id
 from fedrl.server.strategy.registry import STRATEGY_NAMES, strategy_from_settings
 from fedrl.server.strategy.strategy import Rule
@@ -117,9 +118,6 @@ class ServerConfig:
     max_model_bytes: int = field(
         default=1 << 30, metadata=doc("Largest decoded model or update a client may send (bytes).")
     )
-    sync_interval: int = field(
-        default=2, metadata=doc("Suggested sync interval for clients, in episodes.")
-    )
     global_eval_interval: int = field(
         default=2_000,
         metadata=doc(
@@ -137,6 +135,23 @@ class ServerConfig:
     session_strategy: tuple[str, ...] = field(
         default=(),
         metadata=doc("One session's strategy as SESSION=STRATEGY, overriding --strategy; repeat."),
+    )
+    rules: GroupRules = field(
+        default_factory=GroupRules,
+        metadata=section(
+            "The rules of a new session: what its members share and how they sync, the same "
+            "for every member. The session's first participant may choose any of them "
+            "(fedrl-client's options of the same names) unless --session-rule fixes it; "
+            "after that they are the session's, and a member asking otherwise is refused."
+        ),
+    )
+    session_rule: tuple[str, ...] = field(
+        default=(),
+        metadata=doc(
+            "One rule of one new session as SESSION=RULE=VALUE (e.g. pairs=rounds-from=2), "
+            "overriding the rules above and fixed: its first participant cannot choose "
+            "otherwise; repeat."
+        ),
     )
     max_update_norm: float = field(
         default=_RULE.max_update_norm,
@@ -245,6 +260,12 @@ class ServerConfig:
             active_window_s=self.active_window_s,
         )
 
+    def rules_for(self, session: str) -> tuple[GroupRules, RuleChoices]:
+        """A new session's rules before its first participant chooses, and those of them the
+        server fixes for it (--session-rule)."""
+        fixed = _rules_by_session(self.session_rule).get(session, RuleChoices())
+        return self.rules.with_choices(fixed), fixed
+
     def strategy_for(self, session: str) -> str:
         """The aggregation strategy of a session: its own if --session-strategy names it."""
         return _strategies_by_session(self.session_strategy).get(session, self.strategy)
@@ -259,7 +280,6 @@ class ServerConfig:
             "keep_last": self.keep_last,
             "keep_every": self.keep_every,
             "goal_episodes": self.goal_episodes,
-            "sync_interval": self.sync_interval,
             "status_versions": self.status_versions,
             "dashboard_versions": self.dashboard_versions,
             "pbt_ready_steps": self.pbt_ready_steps,
@@ -290,6 +310,11 @@ class ServerConfig:
             raise ValueError(
                 f"pbt_resample_probability must lie in [0, 1], got {self.pbt_resample_probability}"
             )
+        for session, fixed in _rules_by_session(self.session_rule).items():
+            try:
+                self.rules.with_choices(fixed)
+            except RulesError as exc:
+                raise ValueError(f"session_rule of session {session!r}: {exc}") from None
         # LimitsConfig checks its own fields and names the one that is wrong.
         _ = self.limits
         # A chunk plus its protobuf framing must fit one message with room to spare.
@@ -311,12 +336,41 @@ def _strategies_by_session(entries: tuple[str, ...]) -> dict[str, str]:
                 f"session_strategy entry {entry!r} must be SESSION=STRATEGY with a strategy "
                 f"among {', '.join(STRATEGY_NAMES)}"
             )
-        try:
-            session = validate_participant_id(name)
-        except ValueError as exc:
-            message = str(exc).replace("participant id", "session name")
-            raise ValueError(f"session_strategy entry {entry!r}: {message}") from None
+        session = _session_name(name, entry, "session_strategy")
         if session in mapping:
             raise ValueError(f"session_strategy names session {session!r} twice")
         mapping[session] = strategy
     return mapping
+
+
+def _rules_by_session(entries: tuple[str, ...]) -> dict[str, RuleChoices]:
+    """SESSION=RULE=VALUE entries as each session's fixed choices; ValueError naming the entry
+    that is wrong."""
+    mapping: dict[str, RuleChoices] = {}
+    for entry in entries:
+        # A session name may itself contain "=", a rule's name and value never do.
+        name, equals, rule = entry.rpartition("=")
+        name, equals_too, key = name.rpartition("=")
+        if not (equals and equals_too):
+            raise ValueError(
+                f"session_rule entry {entry!r} must be SESSION=RULE=VALUE, e.g. pairs=rounds-from=2"
+            )
+        session = _session_name(name, entry, "session_rule")
+        try:
+            choice = parse_choice(key, rule)
+        except RulesError as exc:
+            raise ValueError(f"session_rule entry {entry!r}: {exc}") from None
+        chosen = mapping.get(session, RuleChoices())
+        if set(chosen.chosen()) & set(choice.chosen()):
+            raise ValueError(f"session_rule names rule {key!r} of session {session!r} twice")
+        mapping[session] = choice.over(chosen)
+    return mapping
+
+
+def _session_name(name: str, entry: str, option: str) -> str:
+    """`name` as a session name; ValueError naming `option`'s `entry` when it is not one."""
+    try:
+        return validate_participant_id(name)
+    except ValueError as exc:
+        message = str(exc).replace("participant id", "session name")
+        raise ValueError(f"{option} entry {entry!r}: {message}") from None

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from fedrl.common.spec import spec_hash
+from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.server.storage.db_runner import AckBatcher, DbRunner
 from fedrl.server.storage.state_db import AckRow, StateDB
 from tests.support.server_harness import make_spec
@@ -46,7 +47,7 @@ def ack(participant: str, sequence: int) -> AckRow:
 
 def opened(tmp_path: Path) -> CountingRunner:
     db = StateDB(tmp_path / "state.sqlite3")
-    db.create_session("s", SPEC, spec_hash(SPEC), 1000, 1)
+    db.create_session("s", SPEC, spec_hash(SPEC), 1000, 1, rules=pb.GroupRules())
     for participant in ("alice", "Макар"):
         db.touch_participant("s", participant, "active", 1)
     return CountingRunner(db)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from fedrl.common.spec import spec_hash
+from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.server.federation.aggregator import Aggregator
 from fedrl.server.federation.versions import Versions
 from fedrl.server.storage.db_runner import DbRunner
@@ -60,7 +61,7 @@ def logged(log: UpdateLog, participant: str, sequence: int, value: float) -> Log
 async def run_session(tmp_path: Path, store: ModelStore, values: list[float]) -> list[int]:
     """Seed zeros, submit one update per value (K=2), stop; the committed version numbers."""
     db = StateDB(tmp_path / "state.sqlite3")
-    db.create_session(SESSION, SPEC, spec_hash(SPEC), 1000, 1)
+    db.create_session(SESSION, SPEC, spec_hash(SPEC), 1000, 1, rules=pb.GroupRules())
     runner = DbRunner(db)
     log = UpdateLog(tmp_path / "updates")
     versions: list[int] = []

@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from fedrl.common.group_rules import GroupRules
 from fedrl.common.status_file import read_status_file
 from fedrl.common.status_table import display_width, render_status
 from fedrl.proto.v1 import federation_pb2 as pb
@@ -96,12 +97,15 @@ def test_every_config_field_has_exactly_one_serve_option_with_its_default() -> N
         for param in serve_command.params
         if param.name != "log_level"  # a process setting, not a server knob
     }
-    fields = {f.name: f for f in dataclasses.fields(ServerConfig)}
+    # The rules section's fields are options of their own: a new session's rules.
+    defaults = {f.name: getattr(ServerConfig(), f.name) for f in dataclasses.fields(ServerConfig)}
+    del defaults["rules"]
+    defaults |= {f.name: getattr(GroupRules(), f.name) for f in dataclasses.fields(GroupRules)}
 
-    assert set(options) == set(fields)
+    assert set(options) == set(defaults)
     for name, param in options.items():
         assert param.opts == ["--" + name.replace("_", "-")]
-        assert param.default == getattr(ServerConfig(), name)
+        assert param.default == defaults[name]
         assert param.help, f"option for {name} has no help"
 
 

@@ -15,6 +15,8 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from fedrl.common.group_rules import described
+from fedrl.common.group_rules_serde import rules_from_proto
 from fedrl.proto.v1 import federation_pb2 as pb
 
 
@@ -42,9 +44,20 @@ def _session(state: pb.SessionState) -> dict[str, Any]:
         "best_eval_return": _optional(state, "best_eval_return"),
         "best_checkpoint": state.best_checkpoint,
         "active_participants": state.active_participants,
+        "rules": _rules(state),
         "participants": [_participant(p) for p in state.participants],
         "versions": [_version(v) for v in state.versions],
     }
+
+
+def _rules(state: pb.SessionState) -> list[dict[str, str]]:
+    """The session's rules, each as its option, value and meaning (none for a population)."""
+    if state.mode == "pbt" or not state.config.HasField("rules"):
+        return []
+    return [
+        {"rule": rule, "value": value, "meaning": meaning}
+        for rule, value, meaning in described(rules_from_proto(state.config.rules))
+    ]
 
 
 def _participant(state: pb.ParticipantState) -> dict[str, Any]:

@@ -22,6 +22,8 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from fedrl.common.group_rules import GroupRules, RuleChoices, RulesError, refusal
+from fedrl.common.group_rules_serde import rules_to_proto
 from fedrl.common.spec import spec_difference, spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
@@ -75,6 +77,9 @@ from fedrl.server.strategy.strategy import Rule, Strategy
 
 log = logging.getLogger(__name__)
 
+NO_CHOICES = RuleChoices()
+"""A Join that chose none of the session's rules: it takes the session's."""
+
 
 class Observer(Protocol):
     """Who follows the federation's state (global_state.json, say)."""
@@ -126,6 +131,11 @@ class Federation:
         runner = DbRunner(await asyncio.to_thread(StateDB, config.data_dir / DB_FILE))
         federation = cls(config, runner, strategy=strategy)
         await runner(lambda db: db.save_session_config(federation.session_config()))
+        # Sessions created before sessions had rules ran by the clients' defaults of the
+        # time, which are GroupRules' defaults: recorded once, they are those sessions' rules.
+        legacy = rules_to_proto(GroupRules())
+        for name in await runner(lambda db: db.record_missing_rules(legacy)):
+            log.info("session %r predates the session's rules: it keeps the defaults", name)
         for row in await runner(lambda db: db.sessions()):
             await federation._recover(row)
         return federation
@@ -158,8 +168,10 @@ class Federation:
         self._changed()
 
     def session_config(self, session_name: str | None = None) -> pb.SessionConfig:
-        """The settings clients follow; with a session name, that session's strategy."""
+        """The settings clients follow; with a session name, that session's strategy and
+        rules (without, the server's defaults for new sessions)."""
         c = self.config
+        rules = c.rules if session_name is None else self.session(session_name).rules
         return pb.SessionConfig(
             max_staleness=c.max_staleness,
             buffer_size=c.buffer_size,
@@ -167,13 +179,14 @@ class Federation:
             max_message_bytes=c.max_message_bytes,
             strategy=c.strategy if session_name is None else c.strategy_for(session_name),
             server_learning_rate=c.server_lr,
-            sync_interval=c.sync_interval,
+            sync_interval=rules.sync_interval,
             delta_dtypes=list(ACCEPTED_DELTA_DTYPES),
             global_eval_interval=c.global_eval_interval,
             push_rate_per_s=c.push_rate_per_s,
             pbt_ready_steps=c.pbt_ready_steps,
             pbt_quantile=c.pbt_quantile,
             pbt_resample_probability=c.pbt_resample_probability,
+            rules=rules_to_proto(rules) if session_name is not None else None,
         )
 
     # Join and leave.
@@ -184,8 +197,13 @@ class Federation:
         participant_id: str,
         spec: tpb.ModelSpec,
         claimed_hash: str,
+        *,
         mode: str = "",
+        rules: RuleChoices = NO_CHOICES,
     ) -> JoinResult:
+        """Enter the session, creating it if need be: `mode` and the rules the participant
+        chose (`rules`) fix a new session's; an existing session refuses a participant whose
+        mode, model or rules differ from its own."""
         name = validate_session_name(session_name)
         pid = validate_id(participant_id)
         mode = mode or FEDERATED
@@ -202,7 +220,7 @@ class Federation:
         async with self._create_lock:
             session = self._sessions.get(name)
             if session is None:
-                session = await self._create(name, spec, digest, mode)
+                session = await self._create(name, spec, digest, mode, rules)
         if session.mode != mode:
             raise PreconditionError(
                 f"session {name!r} is {described(session.mode)}, you asked for "
@@ -214,6 +232,9 @@ class Federation:
                 f"model spec differs from session {name!r}: {difference}; "
                 "use a matching model or another --session"
             )
+        refused = refusal(name, session.rules, rules)
+        if refused is not None:
+            raise PreconditionError(refused)
         now = now_ms()
         await self._db(lambda db: db.touch_participant(name, pid, "active", now))
         experience_sequence = await self._db(lambda db: last_acknowledged(db.connection, name, pid))
@@ -326,16 +347,37 @@ class Federation:
 
     # Lifecycle: create, recover, set aside.
 
-    async def _create(self, name: str, spec: tpb.ModelSpec, digest: str, mode: str) -> Session:
+    async def _create(
+        self, name: str, spec: tpb.ModelSpec, digest: str, mode: str, choices: RuleChoices
+    ) -> Session:
         goal = self.config.goal_episodes
         now = now_ms()
         population = mode == POPULATION
+        rules = self._new_rules(name, choices)
+        stored = rules_to_proto(rules)
         await self._db(
-            lambda db: db.create_session(name, spec, digest, goal, now, population=population)
+            lambda db: db.create_session(
+                name, spec, digest, goal, now, rules=stored, population=population
+            )
         )
-        session = await self._recover(SessionRow(name, spec, digest, goal, 0, 0, population))
+        row = SessionRow(name, spec, digest, goal, 0, 0, population, stored.SerializeToString())
+        session = await self._recover(row)
         log.info("session %r created (%s, spec %s)", name, described(mode), digest[:12])
         return session
+
+    def _new_rules(self, name: str, choices: RuleChoices) -> GroupRules:
+        """A new session's rules: the server's for it, then its first participant's choices,
+        which may not differ from a rule the server fixes for the session (--session-rule)."""
+        defaults, fixed = self.config.rules_for(name)
+        refused = refusal(name, defaults, choices.only(fixed.chosen()))
+        if refused is not None:
+            raise PreconditionError(f"the server fixes this rule: {refused}")
+        try:
+            return defaults.with_choices(choices)
+        except RulesError as exc:
+            raise InvalidRequestError(
+                f"session {name!r} cannot be created with these rules: {exc}"
+            ) from None
 
     async def _recover(self, row: SessionRow) -> Session:
         """Rebuild and register a session: newest committed version, then the log after it."""
@@ -392,6 +434,7 @@ class Federation:
             participants=set(participants),
             active={pid for pid, status in participants.items() if status == "active"},
             mode=POPULATION if row.population else FEDERATED,
+            rules=row.group_rules,
         )
         self._sessions[row.name] = session
         replayed = 0

@@ -22,6 +22,7 @@ from typing import Any, TypeAlias, TypeVar
 
 from fedrl.common.chunking import DecodeLimits, chunk_tensors
 from fedrl.common.errors import DecodeError
+from fedrl.common.group_rules_serde import choices_from_proto
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
@@ -119,7 +120,12 @@ class FederationServicer(pb_grpc.FederationServicer):
         async def call() -> pb.JoinReply:
             pid = acting_as(context, request.participant_id)
             joined = await self._federation.join(
-                request.session, pid, request.spec, request.spec_hash, request.mode
+                request.session,
+                pid,
+                request.spec,
+                request.spec_hash,
+                mode=request.mode,
+                rules=choices_from_proto(request.rules),
             )
             return pb.JoinReply(
                 config=self._federation.session_config(joined.session),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from fedrl.common.group_rules import GroupRules
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
 from fedrl.server.federation.aggregator import Aggregator, NamedTensors
@@ -110,6 +111,8 @@ class Session:
     in_flight: dict[tuple[str, int], asyncio.Future[PushResult]] = field(default_factory=dict)
     mode: str = FEDERATED
     """FEDERATED or POPULATION (server/population/), fixed by the first Join."""
+    rules: GroupRules = field(default_factory=GroupRules)
+    """What every member does alike (fedrl.common.group_rules), fixed when it was created."""
 
     @property
     def goal(self) -> pb.GoalState:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Awaitable, Callable
 
+from fedrl.common.group_rules_serde import rules_to_proto
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.server.experience.store import participant_counts
 from fedrl.server.federation.federation import Federation
@@ -66,6 +67,10 @@ class StatusView:
             updates_quarantined=self._db.quarantined_count(row.name),
             mode="pbt" if row.population else "federated",
         )
+        # Each session shows its own rules; the database's config holds the server's settings.
+        rules = row.group_rules
+        state.config.rules.CopyFrom(rules_to_proto(rules))
+        state.config.sync_interval = rules.sync_interval
         if row.population:
             describe_population(self._db.connection, row.name, state)
         best = self._db.best_version(row.name)

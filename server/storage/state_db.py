@@ -22,6 +22,8 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedrl.common.group_rules import GroupRules
+from fedrl.common.group_rules_serde import rules_from_bytes
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
 
@@ -117,9 +119,16 @@ CREATE TABLE IF NOT EXISTS populations (
     session TEXT PRIMARY KEY REFERENCES sessions(name),
     created_ms INTEGER NOT NULL
 );
+-- Each session's rules (fedrl.common.group_rules), a serialized fedrl.v1.GroupRules,
+-- fixed when the session was created.
+CREATE TABLE IF NOT EXISTS session_rules (
+    session TEXT PRIMARY KEY REFERENCES sessions(name),
+    rules BLOB NOT NULL
+);
 """
-# quarantined and populations came after schema version 1 shipped; CREATE TABLE IF
-# NOT EXISTS adds them to an older database as it opens, so the version need not change.
+# quarantined, populations and session_rules came after schema version 1 shipped;
+# CREATE TABLE IF NOT EXISTS adds them to an older database as it opens, so the
+# version need not change.
 
 
 @dataclass(frozen=True)
@@ -134,6 +143,14 @@ class SessionRow:
     env_steps: int
     population: bool = False
     """A population-based training session (server/population/), not an averaging one."""
+    rules: bytes | None = None
+    """Its rules as a serialized fedrl.v1.GroupRules; None for a session created before
+    sessions had rules, until a server records them (record_missing_rules)."""
+
+    @property
+    def group_rules(self) -> GroupRules:
+        """Its rules; a session created before sessions had rules ran by their defaults."""
+        return GroupRules() if self.rules is None else rules_from_bytes(self.rules)
 
 
 @dataclass(frozen=True)
@@ -288,6 +305,11 @@ class StateDB:
             if self.has_table("populations")
             else set()
         )
+        rules: dict[str, bytes] = (
+            dict(self._conn.execute("SELECT session, rules FROM session_rules").fetchall())
+            if self.has_table("session_rules")
+            else {}
+        )
         return [
             SessionRow(
                 name,
@@ -297,6 +319,7 @@ class StateDB:
                 done,
                 steps,
                 population=name in populations,
+                rules=rules.get(name),
             )
             for name, spec, spec_hash, goal, done, steps in rows
         ]
@@ -309,19 +332,42 @@ class StateDB:
         goal_total: int,
         now_ms: int,
         *,
+        rules: pb.GroupRules,
         population: bool = False,
     ) -> None:
-        """A new session; a population's mode is stored in the same transaction."""
+        """A new session; its rules and a population's mode are stored in the same
+        transaction."""
         with self._transaction() as db:
             db.execute(
                 "INSERT INTO sessions (name, spec, spec_hash, env_id, goal_total, created_ms) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (name, spec.SerializeToString(), spec_hash, spec.env_id, goal_total, now_ms),
             )
+            db.execute(
+                "INSERT INTO session_rules (session, rules) VALUES (?, ?)",
+                (name, rules.SerializeToString()),
+            )
             if population:
                 db.execute(
                     "INSERT INTO populations (session, created_ms) VALUES (?, ?)", (name, now_ms)
                 )
+
+    def record_missing_rules(self, rules: pb.GroupRules) -> list[str]:
+        """Give `rules` to every session that has none (created before sessions had rules);
+        the sessions that got them."""
+        with self._transaction() as db:
+            names = [
+                name
+                for (name,) in db.execute(
+                    "SELECT name FROM sessions WHERE name NOT IN (SELECT session FROM "
+                    "session_rules) ORDER BY name"
+                )
+            ]
+            db.executemany(
+                "INSERT INTO session_rules (session, rules) VALUES (?, ?)",
+                [(name, rules.SerializeToString()) for name in names],
+            )
+        return names
 
     def set_goal(self, session: str, goal_total: int) -> None:
         with self._transaction() as db:

@@ -93,11 +93,21 @@ def metadata(participant_id: str) -> list[tuple[str, bytes]]:
 
 
 def join(
-    stub: pb_grpc.FederationStub, participant_id: str, spec: tpb.ModelSpec, session: str = "default"
+    stub: pb_grpc.FederationStub,
+    participant_id: str,
+    spec: tpb.ModelSpec,
+    session: str = "default",
+    *,
+    rules: pb.GroupRules | None = None,
 ) -> pb.JoinReply:
+    """Join, choosing `rules` of the session's rules (None: none)."""
     return stub.Join(  # type: ignore[no-any-return]
         pb.JoinRequest(
-            session=session, participant_id=participant_id, spec=spec, spec_hash=spec_hash(spec)
+            session=session,
+            participant_id=participant_id,
+            spec=spec,
+            spec_hash=spec_hash(spec),
+            rules=rules,
         ),
         metadata=metadata(participant_id),
     )

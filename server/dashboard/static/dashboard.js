@@ -106,6 +106,8 @@ function renderSession(s, now) {
       figure("env steps", count(s.env_steps)),
       figure("active participants", `${s.active_participants} of ${s.participants.length}`),
     ),
+    s.rules.length ? el("h3", {}, "The session's rules") : "",
+    s.rules.length ? rulesTable(s.rules) : "",
     el("h3", {}, "Participants"),
     participantsTable(s.participants, now),
     el("h3", {}, "Global model: greedy evaluation against env steps"),
@@ -117,6 +119,19 @@ function renderSession(s, now) {
 
 function figure(label, value) {
   return el("div", {}, el("dt", {}, label), el("dd", {}, value));
+}
+
+function rulesTable(rules) {
+  const rows = rules.map((r) =>
+    el(
+      "tr",
+      { "data-rule": r.rule },
+      el("th", { scope: "row", class: "rule" }, r.rule),
+      cell(r.value, r.value, "value"),
+      cell(r.meaning, null, "meaning"),
+    ),
+  );
+  return table("rules", ["rule", "value", "what every member does"], rows, "");
 }
 
 function participantsTable(participants, now) {
