@@ -216,6 +216,7 @@ from fedrl.client.training.policy_network import ppo_architecture_name
 from fedrl.client.training.ppo_learner import PPOConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.client.training.vector_env import make_vector_env
+from fedrl.common.group_rules import GroupRules, RuleChoices
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.server.launcher import ServerProcess
@@ -247,6 +248,7 @@ MODE_NAMES: dict[Mode, str] = {
 SESSION = "default"
 _CLIENT = TrainConfig()
 _EXCHANGE = ExchangeConfig()
+_RULES = GroupRules()
 
 
 # Configuration.
@@ -294,30 +296,30 @@ class Settings:
     """Envs each participant's serial actor steps as one batch (the engine's default)."""
     hidden: tuple[int, ...] = (256, 256)
     """Q-network hidden widths (the learner's default)."""
-    sync_interval: int = _CLIENT.sync_interval
+    sync_interval: int = _RULES.sync_interval
     """Local episodes between syncs (the client's default)."""
-    sync_steps: int | None = _CLIENT.sync_steps
+    sync_steps: int | None = _RULES.sync_steps
     """Env steps between syncs: a round's length, or asynchronously a bound on top of the
     episodes (None: the client's: 128 in rounds, else 0, episodes only)."""
-    round_wait_s: float | None = _CLIENT.round_wait_s
+    round_wait_s: float | None = _RULES.round_wait_s
     """Synchronous rounds of `sync_steps` when > 0, each waiting at most this long for its
     version; 0: asynchronous; None: the client's default (5 s where rounds can form, from
     `rounds_from` members on); modes that share no weights ignore it."""
-    rounds_from: int = _CLIENT.rounds_from
+    rounds_from: int = _RULES.rounds_from
     """Members pushing weights from which members sync in rounds (the client's default)."""
-    shared_warmup: bool = _CLIENT.shared_warmup
+    shared_warmup: bool = _RULES.shared_warmup
     """Rounds until each learner starts, for participants sharing both (the client's default)."""
-    delta_dtype: str | None = _CLIENT.delta_dtype
+    delta_dtype: str | None = _RULES.delta_dtype
     """Wire dtype of weight deltas (None: the client's: float32 in rounds, else bfloat16)."""
     target_at_adoption: TargetAtAdoption = _CLIENT.target_at_adoption
     """Target network when a global model is adopted (the client's default, "shift")."""
-    foreign_credit: float = _EXCHANGE.foreign_credit
+    foreign_credit: float = _RULES.foreign_credit
     """Replay-ratio credit of a received transition, as a share of a local step's."""
-    round_foreign_credit: float = _EXCHANGE.round_foreign_credit
+    round_foreign_credit: float = _RULES.round_foreign_credit
     """The same while a participant syncs in rounds (the client's default)."""
     pull_transitions: int = _EXCHANGE.pull_transitions
     """Most of the others' transitions a participant pulls per sync (the client's default)."""
-    credit_at_own_pace: bool = _EXCHANGE.credit_at_own_pace
+    credit_at_own_pace: bool = _RULES.credit_at_own_pace
     """Credit for a sender's transitions up to the receiver's own count (the client's default)."""
     buffer_size: int | None = None
     """Updates per global version (K); None: the server's default (automatic, K = N)."""
@@ -338,19 +340,29 @@ class Settings:
         """Per-participant env steps at which every run is scored."""
         return list(range(self.eval_every, self.budget_steps + 1, self.eval_every))
 
-    def sync_plan(self, share: Share, *, on_policy: bool) -> SyncPlan:
-        """How a participant sharing `share` syncs, resolved as the client's command resolves
-        it; experience-only participants sync asynchronously whatever the settings say."""
-        return sync_plan(
-            round_wait_s=0.0 if share == "experience" else self.round_wait_s,
-            sync_steps=self.sync_steps,
-            delta_dtype=self.delta_dtype,
-            rounds_from=self.rounds_from,
-            sync_interval=self.sync_interval,
+    def rule_choices(self, share: Share) -> RuleChoices:
+        """The session's rules every participant of a run sharing `share` chooses (they all
+        agree, so the first one's Join fixes them); experience-only participants sync
+        asynchronously whatever the settings say."""
+        round_wait_s = self.round_wait_s
+        if share == "experience" and round_wait_s is not None:
+            round_wait_s = 0.0
+        return RuleChoices(
             share=share,
-            on_policy=on_policy,
+            sync_interval=self.sync_interval,
+            sync_steps=self.sync_steps,
+            round_wait_s=round_wait_s,
+            rounds_from=self.rounds_from,
             shared_warmup=self.shared_warmup,
+            delta_dtype=self.delta_dtype,
+            foreign_credit=self.foreign_credit,
+            round_foreign_credit=self.round_foreign_credit,
+            credit_at_own_pace=self.credit_at_own_pace,
         )
+
+    def sync_plan(self, share: Share, *, on_policy: bool) -> SyncPlan:
+        """How a participant sharing `share` syncs, resolved as the client resolves it."""
+        return sync_plan(GroupRules().with_choices(self.rule_choices(share)), on_policy=on_policy)
 
     def of(self, mode: Mode) -> Settings:
         """The settings a participant of `mode` runs by: the offline reference's own budget."""
@@ -989,15 +1001,9 @@ def _sync_loop(task: ParticipantTask, engine: TrainingEngine, state_dir: Path) -
         session=SESSION,
         spec=model_spec(settings.env, engine.weights(), architecture(engine.learner.config)),
         channel_factory=lambda: grpc.aio.insecure_channel(task.address),
-        share=share,
-        plan=settings.sync_plan(share, on_policy=engine.on_policy),
+        rules=settings.rule_choices(share),
         evaluate_global=False,
-        exchange=ExchangeConfig(
-            foreign_credit=settings.foreign_credit,
-            round_foreign_credit=settings.round_foreign_credit,
-            pull_transitions=settings.pull_transitions,
-            credit_at_own_pace=settings.credit_at_own_pace,
-        ),
+        exchange=ExchangeConfig(pull_transitions=settings.pull_transitions),
         target_at_adoption=settings.target_at_adoption,
     )
 

@@ -124,7 +124,7 @@ class SimSettings:
     """Rounds between model averaging (both) or the learner's model reaching the actors (roles)."""
     target_at_adoption: TargetAtAdoption = "shift"
     """What an adopting learner's target network does (both)."""
-    foreign_credit: float = federation._EXCHANGE.foreign_credit
+    foreign_credit: float = federation._RULES.foreign_credit
     """Replay-ratio credit of a received transition (the client's default)."""
     offline_budget: int | None = None
     """Env steps of the offline reference; None: the task's budget. A lone learner needs more

@@ -18,8 +18,9 @@ from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.ppo_learner import PPOConfig
+from fedrl.common.group_rules import RuleChoices
 
-SECTIONS = ("tls", "engine", "learner", "network", "ppo", "exchange")
+SECTIONS = ("rules", "tls", "engine", "learner", "network", "ppo", "exchange")
 """TrainConfig fields that are configs of their own; their fields become options too."""
 DERIVED = {("learner", "seed"), ("ppo", "seed"), ("ppo", "device"), ("ppo", "amp")}
 """Fields with no option: learner seeds come from the engine's seed stream, PPO's device and
@@ -44,6 +45,7 @@ def test_every_config_field_has_an_option_and_every_option_a_field() -> None:
     # prepare
     fields = {f.name for f in dataclasses.fields(TrainConfig) if f.name not in SECTIONS}
     for section, cls in (
+        ("rules", RuleChoices),
         ("tls", ConnectionSecurity),
         ("engine", EngineConfig),
         ("learner", LearnerConfig),
@@ -133,10 +135,10 @@ def test_subcommands_attach_to_the_group_and_need_no_training_options() -> None:
     ("options", "named"),
     [
         (["--round-wait-s", "5", "--sync-steps", "0"], "give --sync-steps"),
-        (["--round-wait-s", "5", "--rounds-from", "0"], "rounds_from must be at least 1"),
+        (["--round-wait-s", "5", "--rounds-from", "0"], "rounds_from must be a whole number in 1"),
         (["--round-wait-s", "5", "--sync-steps", "128", "--share", "experience"], "--share"),
-        (["--round-wait-s", "-1", "--sync-steps", "128"], "round wait must be"),
-        (["--round-wait-s", "nan", "--sync-steps", "128"], "round wait must be"),
+        (["--round-wait-s", "-1", "--sync-steps", "128"], "round_wait_s must be a number"),
+        (["--round-wait-s", "nan", "--sync-steps", "128"], "round_wait_s must be a number"),
     ],
 )
 def test_synchronous_rounds_that_could_not_form_are_refused_before_training(

@@ -31,6 +31,7 @@ from fedrl.client.training.experience_conversion import to_experience, to_transi
 from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.experience import BatchAssembler
+from fedrl.common.group_rules import GroupRules
 from tests.support.experience import GAMMA, SPEC_HASH, Server, cartpole_spec, make_batch
 from tests.support.server_harness import InProcessServer, join, server_config
 
@@ -202,11 +203,11 @@ def test_a_ppo_engine_refuses_foreign_transitions() -> None:
         engine.close()
 
 
-def test_exchange_config_refuses_a_negative_credit() -> None:
-    with pytest.raises(ValueError, match="foreign_credit must be >= 0"):
-        ExchangeConfig(foreign_credit=-0.5)
-    with pytest.raises(ValueError, match="round_foreign_credit must be >= 0"):
-        ExchangeConfig(round_foreign_credit=float("nan"))
+def test_the_session_refuses_a_negative_or_undefined_credit() -> None:
+    with pytest.raises(ValueError, match="foreign_credit must be a number in 0"):
+        GroupRules(foreign_credit=-0.5)
+    with pytest.raises(ValueError, match="round_foreign_credit must be a number in 0"):
+        GroupRules(round_foreign_credit=float("nan"))
 
 
 def test_cursor_file_survives_a_restart_and_a_damaged_one_reads_as_zero(tmp_path: Path) -> None:
@@ -274,9 +275,8 @@ def _sync(
     root: Path, pid: str, gamma: float = GAMMA, *, credit_at_own_pace: bool = True
 ) -> ExperienceSync:
     return ExperienceSync(
-        ExchangeConfig(
-            push_transitions=64, pull_transitions=1000, credit_at_own_pace=credit_at_own_pace
-        ),
+        ExchangeConfig(push_transitions=64, pull_transitions=1000),
+        rules=GroupRules(credit_at_own_pace=credit_at_own_pace),
         obs_shape=OBS,
         n_step=1,
         gamma=gamma,
@@ -421,8 +421,8 @@ def test_in_rounds_the_others_data_earns_the_round_credit(
     )
 
     # replay_ratio 0.5: 64 rows at the round credit of 4 owe 128 updates, at 2 owe 64.
-    config = ExchangeConfig()
-    assert (config.foreign_credit, config.round_foreign_credit) == (2.0, 4.0)
+    rules = GroupRules()
+    assert (rules.foreign_credit, rules.round_foreign_credit) == (2.0, 4.0)
     assert added == {"apart": 64, "in-rounds": 64}
     assert updates["in-rounds"] - updates["apart"] == 64
 

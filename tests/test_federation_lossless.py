@@ -14,7 +14,6 @@ import torch
 from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.sync_loop import SyncLoop
-from fedrl.client.federation.sync_plan import SyncPlan
 from fedrl.client.federation.sync_state import InFlight, NamedArrays
 from fedrl.client.federation.weight_sync import rebase
 from fedrl.client.training.engine import TrainingEngine
@@ -22,6 +21,7 @@ from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.learner import Learner
 from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
+from fedrl.common.group_rules import RuleChoices
 from fedrl.proto.v1 import federation_pb2 as pb
 from tests.support.offline import assert_same_weights, offline_weights
 from tests.support.server_harness import InProcessServer, server_config
@@ -126,8 +126,9 @@ def test_a_lone_federated_participant_trains_exactly_as_it_would_offline(tmp_pat
                 "CartPole-v1", federated.weights(), architecture_name(SMALL.hidden, True)
             ),
             channel_factory=lambda: grpc.aio.insecure_channel(server.address),
-            share="weights",
-            plan=SyncPlan.asynchronous(sync_interval=1, delta_dtype="float32"),
+            rules=RuleChoices(
+                share="weights", sync_interval=1, round_wait_s=0.0, delta_dtype="float32"
+            ),
             backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
             on_record=records.append,
         )

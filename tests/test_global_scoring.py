@@ -14,13 +14,13 @@ from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.global_scoring import GlobalScoring, VersionScore
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.sync_loop import SyncLoop
-from fedrl.client.federation.sync_plan import SyncPlan
 from fedrl.client.federation.sync_state import NamedArrays
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.evaluation import EvalResult
 from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
+from fedrl.common.group_rules import RuleChoices
 from fedrl.proto.v1 import federation_pb2 as pb
 from tests.support.server_harness import InProcessServer, server_config
 
@@ -129,8 +129,7 @@ def test_adopted_versions_are_scored_and_the_sessions_best_is_a_scored_one(
             session="default",
             spec=model_spec("CartPole-v1", engine.weights(), architecture_name((32, 32), True)),
             channel_factory=lambda: grpc.aio.insecure_channel(server.address),
-            share="weights",
-            plan=SyncPlan.asynchronous(sync_interval=4),
+            rules=RuleChoices(share="weights", sync_interval=4, round_wait_s=0.0),
             backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
             on_record=records.append,
         )

@@ -29,6 +29,7 @@ from fedrl.client.training.experience_conversion import to_experience, to_transi
 from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.experience import ExperienceBatch
+from fedrl.common.group_rules import GroupRules
 from fedrl.proto.v1 import tensor_pb2 as tpb
 from fedrl.server.experience.validation import InvalidBatchError, ValidationLimits, validate_batch
 from tests.support.experience import GAMMA, SPEC_HASH, Server, cartpole_spec, make_batch
@@ -124,6 +125,7 @@ def _server_check(batch: ExperienceBatch) -> None:
 def _sync(root: Path, pid: str, *, bounds: ObservationBounds | None) -> ExperienceSync:
     return ExperienceSync(
         ExchangeConfig(push_transitions=200, pull_transitions=1_000),
+        rules=GroupRules(),
         obs_shape=(4,),
         n_step=1,
         gamma=GAMMA,

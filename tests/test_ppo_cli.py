@@ -14,6 +14,8 @@ from fedrl.client.commands.cli import main
 from fedrl.client.commands.config import TrainConfig, check_algorithm_options
 from fedrl.client.commands.export import ExportConfig, export_model
 from fedrl.client.federation.experience_sync import ExchangeConfig
+from fedrl.client.federation.sync_plan import effective_share
+from fedrl.common.group_rules import RuleChoices
 
 TINY = [
     "--algo", "ppo",
@@ -110,7 +112,11 @@ def test_device_and_amp_serve_either_algorithm_and_are_refused_for_neither() -> 
 
 def test_a_config_for_ppo_with_experience_exchange_is_refused() -> None:
     with pytest.raises(ValueError, match="--foreign-credit, --pull-transitions"):
-        TrainConfig(algo="ppo", exchange=ExchangeConfig(foreign_credit=0.5, pull_transitions=10))
+        TrainConfig(
+            algo="ppo",
+            rules=RuleChoices(foreign_credit=0.5),
+            exchange=ExchangeConfig(pull_transitions=10),
+        )
 
 
 def test_ppo_configs_exchange_no_experience_and_take_device_and_amp_from_the_learner() -> None:
@@ -118,7 +124,7 @@ def test_ppo_configs_exchange_no_experience_and_take_device_and_amp_from_the_lea
 
     ppo = config.learner_config
 
-    assert config.effective_share == "weights"
+    assert effective_share(config.own_rules().share, on_policy=True) == "weights"
     assert ppo.device == config.learner.device and ppo.amp == "auto"  # type: ignore[union-attr]
     assert config.architecture() == "ppo/mlp-64x64"
 

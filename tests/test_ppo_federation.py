@@ -17,7 +17,6 @@ from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.federation.federation_client import FederationClient, SpecMismatchError
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.sync_loop import SyncLoop
-from fedrl.client.federation.sync_plan import SyncPlan
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.learner_config import LearnerConfig
@@ -25,6 +24,7 @@ from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.policy_network import ppo_architecture_name
 from fedrl.client.training.ppo_learner import PPOConfig
 from fedrl.client.training.q_network import architecture_name
+from fedrl.common.group_rules import RuleChoices
 from fedrl.proto.v1 import federation_pb2 as pb
 from tests.support.server_harness import InProcessServer, server_config
 
@@ -48,9 +48,8 @@ def ppo_participant(
         session="default",
         spec=spec,
         channel_factory=lambda: grpc.aio.insecure_channel(address),
-        share="weights",
         # PPO pushes per rollout update, not per episodes.
-        plan=SyncPlan.asynchronous(sync_interval=1_000),
+        rules=RuleChoices(share="weights", sync_interval=1_000),
         backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
         on_record=records.append if records is not None else None,
     )
@@ -136,6 +135,6 @@ def test_a_ppo_sync_loop_refuses_experience_exchange(tmp_path: Path) -> None:
             session="default",
             spec=model_spec("CartPole-v1", engine.weights(), "ppo/mlp-16"),
             channel_factory=lambda: grpc.aio.insecure_channel("127.0.0.1:1"),
-            share="both",
+            rules=RuleChoices(share="experience"),
             exchange=ExchangeConfig(),
         )

@@ -18,6 +18,7 @@ from fedrl.client.federation.sync_loop import SyncLoop
 from fedrl.client.training.distributed import RankGroup, RankPlace
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.engine_config import EngineConfig
+from fedrl.common.group_rules import RuleChoices
 from fedrl.proto.v1 import federation_pb2 as pb
 from tests.support.experience import Server
 from tests.support.participant import SMALL, participant
@@ -130,7 +131,7 @@ def test_the_actor_role_is_for_dqn_and_needs_to_share_both(tmp_path: Path) -> No
                 session="default",
                 spec=model_spec("CartPole-v1", engine.weights(), "x"),
                 channel_factory=lambda: grpc.aio.insecure_channel("127.0.0.1:1"),
-                share="experience",
+                rules=RuleChoices(share="experience"),
             )
     finally:
         engine.close()

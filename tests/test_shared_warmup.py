@@ -13,11 +13,12 @@ import pytest
 
 from fedrl.client.commands.config import TrainConfig
 from fedrl.client.federation.sync_loop import SyncLoop
-from fedrl.client.federation.sync_plan import ROUND_STEPS as DEFAULT_ROUND_STEPS
-from fedrl.client.federation.sync_plan import ROUND_WAIT_S, SyncPlan
 from fedrl.client.federation.sync_state import NamedArrays
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.learner_config import LearnerConfig
+from fedrl.common.config_cli import config_from_options
+from fedrl.common.group_rules import ROUND_STEPS as DEFAULT_ROUND_STEPS
+from fedrl.common.group_rules import ROUND_WAIT_S, RuleChoices
 from tests.support.experience import Server
 from tests.support.offline import assert_same_weights, offline_weights
 from tests.support.participant import participant
@@ -32,11 +33,15 @@ LEARNER = LearnerConfig(
     target_update_interval=50,
     device="cpu",
 )
-WARMUP_THEN_ASYNC = dataclasses.replace(
-    SyncPlan.asynchronous(sync_interval=1, delta_dtype="float32"),
-    warmup=SyncPlan.in_rounds(round_wait_s=20.0, sync_steps=ROUND_STEPS).rounds,
+WARMUP_THEN_ASYNC = RuleChoices(
+    sync_interval=1,
+    sync_steps=ROUND_STEPS,
+    round_wait_s=20.0,
+    rounds_from=1_000,
+    delta_dtype="float32",
 )
-"""The command's default shape (asynchronous after a warmup in rounds), in the test's units."""
+"""The command's default shape for a pair (asynchronous after a warmup in rounds), in the
+test's units: rounds from more members than the test has."""
 
 
 def exchange_server(tmp_path: Path) -> Server:
@@ -90,7 +95,7 @@ def test_a_pair_fills_its_replays_together_then_syncs_asynchronously(tmp_path: P
                     records=records[name],
                     engine_config=ENGINE,
                     learner=LEARNER,
-                    plan=WARMUP_THEN_ASYNC,
+                    rules=WARMUP_THEN_ASYNC,
                 )
             )
             for name, seed in (("ann", 1), ("bob", 2))
@@ -144,7 +149,7 @@ def test_a_lone_member_warming_up_trains_exactly_as_it_would_offline(tmp_path: P
             records=records,
             engine_config=ENGINE,
             learner=LEARNER,
-            plan=WARMUP_THEN_ASYNC,
+            rules=WARMUP_THEN_ASYNC,
         ) as (engine, loop),
     ):
         # act
@@ -174,7 +179,8 @@ def test_the_commands_default_warms_up_in_float32_rounds_of_128_steps() -> None:
 
 
 def test_a_plan_with_rounds_warms_up_in_its_own_rounds() -> None:
-    plan = TrainConfig(round_wait_s=2.5, rounds_from=3, sync_steps=64).sync_plan()
+    options = {"round_wait_s": 2.5, "rounds_from": 3, "sync_steps": 64}
+    plan = config_from_options(TrainConfig, options).sync_plan()
 
     assert plan.warmup == plan.rounds
     assert plan.mode(1, learning=False) == plan.rounds
@@ -193,7 +199,7 @@ def test_a_plan_with_rounds_warms_up_in_its_own_rounds() -> None:
 def test_no_warmup_where_it_is_turned_off_or_no_experience_fills_the_replays(
     options: dict[str, Any],
 ) -> None:
-    assert TrainConfig(**options).sync_plan().warmup is None
+    assert config_from_options(TrainConfig, options).sync_plan().warmup is None
 
 
 def test_an_acting_member_never_warms_up(tmp_path: Path) -> None:
@@ -207,7 +213,7 @@ def test_an_acting_member_never_warms_up(tmp_path: Path) -> None:
             learn=False,
             engine_config=ENGINE,
             learner=LEARNER,
-            plan=WARMUP_THEN_ASYNC,
+            rules=WARMUP_THEN_ASYNC,
         ) as (_, loop),
     ):
         assert loop.sync_mode == "async"

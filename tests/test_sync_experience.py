@@ -21,14 +21,14 @@ from fedrl.client.federation.experience_client import KIND
 from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.outbox import Outbox
-from fedrl.client.federation.sync_loop import Share, SyncLoop
-from fedrl.client.federation.sync_plan import SyncPlan
+from fedrl.client.federation.sync_loop import SyncLoop
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.config_cli import config_from_options
+from fedrl.common.group_rules import RuleChoices, Share
 from fedrl.common.tls import ParticipantBundle, create_ca, issue_participant_cert
 from fedrl.proto.v1 import federation_pb2 as pb
 from tests.support.experience import Server
@@ -60,10 +60,9 @@ def participant(
         session="default",
         spec=spec,
         channel_factory=lambda: grpc.aio.insecure_channel(address),
-        plan=SyncPlan.asynchronous(sync_interval=3),
+        rules=RuleChoices(share=share, sync_interval=3, round_wait_s=0.0, shared_warmup=False),
         evaluate_global=False,
         backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
-        share=share,
         exchange=EXCHANGE,
     )
     try:
@@ -185,13 +184,13 @@ def test_exchange_options_reach_the_config() -> None:
         TrainConfig, {"foreign_credit": 0.5, "pull_transitions": 100, "credit_at_own_pace": False}
     )
 
-    assert config.exchange.foreign_credit == 0.5 and config.exchange.pull_transitions == 100
-    assert not config.exchange.credit_at_own_pace
+    assert config.rules.foreign_credit == 0.5 and config.exchange.pull_transitions == 100
+    assert config.rules.credit_at_own_pace is False
     assert config.exchange.push_transitions == ExchangeConfig().push_transitions
 
 
 def test_a_negative_foreign_credit_is_refused_before_training() -> None:
-    with pytest.raises(ValueError, match="foreign_credit must be >= 0"):
+    with pytest.raises(ValueError, match="foreign_credit must be a number in 0"):
         config_from_options(TrainConfig, {"foreign_credit": -1.0})
 
 
@@ -206,10 +205,9 @@ def test_every_push_and_adoption_leaves_a_metrics_record(tmp_path: Path) -> None
             session="default",
             spec=model_spec("CartPole-v1", engine.weights(), architecture_name(SMALL.hidden, True)),
             channel_factory=lambda: grpc.aio.insecure_channel(server.address),
-            plan=SyncPlan.asynchronous(sync_interval=3),
+            rules=RuleChoices(share="weights", sync_interval=3, round_wait_s=0.0),
             evaluate_global=False,
             backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
-            share="weights",
             on_record=records.append,
         )
         try:

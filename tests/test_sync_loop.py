@@ -20,12 +20,12 @@ from fedrl.client.federation.federation_client import build_update
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.outbox import Outbox
 from fedrl.client.federation.sync_loop import SyncLoop
-from fedrl.client.federation.sync_plan import SyncPlan
 from fedrl.client.federation.sync_state import SyncState, load_sync_state, save_sync_state
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
+from fedrl.common.group_rules import RuleChoices
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
 from tests.support.experience import Server as ExperienceServer
@@ -42,7 +42,7 @@ def make_engine(learner: LearnerConfig = SMALL) -> TrainingEngine:
     )
 
 
-EVERY_5_EPISODES = SyncPlan.asynchronous(sync_interval=5)
+EVERY_5_EPISODES = RuleChoices(sync_interval=5, round_wait_s=0.0, shared_warmup=False)
 
 
 @contextmanager
@@ -52,7 +52,7 @@ def participant(
     participant_id: str,
     *,
     learner: LearnerConfig = SMALL,
-    plan: SyncPlan = EVERY_5_EPISODES,
+    rules: RuleChoices = EVERY_5_EPISODES,
     **loop_options: Any,
 ) -> Iterator[tuple[TrainingEngine, SyncLoop]]:
     """A started engine and its sync loop (joined if the server answers); both closed after."""
@@ -67,7 +67,7 @@ def participant(
         session="default",
         spec=spec,
         channel_factory=lambda: grpc.aio.insecure_channel(address),
-        plan=plan,
+        rules=rules,
         backoff=FAST_RETRY,
         **loop_options,
     )
@@ -125,7 +125,7 @@ def test_adopting_a_global_model_treats_the_target_network_as_configured(
             server.address,
             tmp_path / "a",
             "alice",
-            plan=SyncPlan.asynchronous(sync_interval=2),
+            rules=RuleChoices(sync_interval=2, round_wait_s=0.0, shared_warmup=False),
             target_at_adoption=policy,
             on_record=lambda record: record["kind"] == "adopt" and adopted.append(networks()),
         ) as (engine, loop),
@@ -166,7 +166,9 @@ def test_env_steps_make_a_sync_due_when_episodes_would_not(tmp_path: Path, sync_
             server.address,
             tmp_path / "a",
             "alice",
-            plan=SyncPlan.asynchronous(sync_interval=100_000, sync_steps=sync_steps),
+            rules=RuleChoices(
+                sync_interval=100_000, sync_steps=sync_steps, round_wait_s=0.0, shared_warmup=False
+            ),
             on_record=records.append,
         ) as (engine, loop),
     ):

@@ -12,11 +12,12 @@ import pytest
 
 from fedrl.client.commands.config import TrainConfig
 from fedrl.client.federation.sync_loop import SyncLoop
-from fedrl.client.federation.sync_plan import SyncPlan
 from fedrl.client.federation.sync_state import NamedArrays
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.learner_config import LearnerConfig
+from fedrl.common.config_cli import config_from_options
+from fedrl.common.group_rules import DeltaDtype, RuleChoices
 from fedrl.proto.v1 import federation_pb2 as pb
 from tests.support.offline import assert_same_weights, offline_weights
 from tests.support.participant import participant
@@ -52,7 +53,7 @@ def member(
     *,
     seed: int,
     records: list[dict[str, Any]],
-    delta_dtype: str = "bfloat16",
+    delta_dtype: DeltaDtype = "bfloat16",
 ) -> AbstractContextManager[tuple[TrainingEngine, SyncLoop]]:
     """A participant syncing in rounds of ROUND_STEPS env steps, each waiting up to 20 s."""
     return participant(
@@ -63,7 +64,9 @@ def member(
         records=records,
         engine_config=ENGINE,
         learner=SMALL,
-        plan=SyncPlan.in_rounds(round_wait_s=20.0, sync_steps=ROUND_STEPS, delta_dtype=delta_dtype),
+        rules=RuleChoices(
+            round_wait_s=20.0, sync_steps=ROUND_STEPS, rounds_from=1, delta_dtype=delta_dtype
+        ),
     )
 
 
@@ -201,10 +204,12 @@ def test_a_lone_member_in_rounds_trains_exactly_as_it_would_offline(tmp_path: Pa
 @pytest.mark.usefixtures("one_torch_thread")
 def test_members_move_to_rounds_when_the_session_reaches_the_plans_size(tmp_path: Path) -> None:
     # prepare: ann and bob sync asynchronously while they are two; rounds from three
-    plan = SyncPlan(
-        alone=SyncPlan.asynchronous(sync_interval=1).alone,
-        rounds=SyncPlan.in_rounds(round_wait_s=20.0, sync_steps=ROUND_STEPS).rounds,
+    rules = RuleChoices(
+        sync_interval=1,
+        sync_steps=ROUND_STEPS,
+        round_wait_s=20.0,
         rounds_from=3,
+        shared_warmup=False,
     )
     records: dict[str, list[dict[str, Any]]] = {"ann": [], "bob": [], "carl": []}
 
@@ -218,7 +223,7 @@ def test_members_move_to_rounds_when_the_session_reaches_the_plans_size(tmp_path
                 records=records[name],
                 engine_config=ENGINE,
                 learner=SMALL,
-                plan=plan,
+                rules=rules,
             )
         )
 
@@ -244,8 +249,8 @@ def test_members_move_to_rounds_when_the_session_reaches_the_plans_size(tmp_path
 
 def test_the_commands_default_syncs_in_float32_rounds_from_three_members_pushing() -> None:
     default = TrainConfig().sync_plan()
-    rounds = TrainConfig(rounds_from=1).sync_plan()
-    asynchronous = TrainConfig(round_wait_s=0.0).sync_plan()
+    rounds = config_from_options(TrainConfig, {"rounds_from": 1}).sync_plan()
+    asynchronous = config_from_options(TrainConfig, {"round_wait_s": 0.0}).sync_plan()
 
     assert [default.mode(n).rounds for n in (0, 1, 2, 3, 4)] == [False, False, False, True, True]
     alone = default.mode(2)
@@ -283,7 +288,7 @@ def test_the_commands_default_syncs_in_float32_rounds_from_three_members_pushing
 def test_given_sync_options_stand_and_the_rest_follow_the_mode(
     options: dict[str, Any], modes: list[tuple[float, int, int, str]]
 ) -> None:
-    plan = TrainConfig(**options).sync_plan()
+    plan = config_from_options(TrainConfig, options).sync_plan()
 
     got = [
         (m.round_wait_s, m.interval.episodes, m.interval.env_steps, m.delta_dtype)
@@ -296,13 +301,13 @@ def test_given_sync_options_stand_and_the_rest_follow_the_mode(
     ("options", "named"),
     [
         ({"round_wait_s": 5.0, "share": "experience"}, "--share weights or both"),
-        ({"round_wait_s": 5.0, "algo": "ppo"}, "for DQN"),
+        ({"round_wait_s": 5.0, "algo": "ppo"}, "DQN"),
         ({"round_wait_s": 5.0, "sync_steps": 0}, "give --sync-steps"),
-        ({"rounds_from": 0}, "rounds_from must be at least 1"),
+        ({"rounds_from": 0}, "rounds_from must be a whole number in 1"),
     ],
 )
 def test_rounds_asked_for_where_they_cannot_form_are_refused(
     options: dict[str, Any], named: str
 ) -> None:
     with pytest.raises(ValueError, match=named):
-        TrainConfig(**options)
+        config_from_options(TrainConfig, options)

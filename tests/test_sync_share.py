@@ -13,9 +13,11 @@ from fedrl.client.commands.config import TrainConfig
 from fedrl.client.federation.experience_client import KIND
 from fedrl.client.federation.outbox import Outbox
 from fedrl.client.federation.sync_loop import shares_experience
+from fedrl.client.federation.sync_plan import effective_share
 from fedrl.client.federation.update_entries import UPDATE
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.common.config_cli import config_from_options
+from fedrl.common.group_rules import RuleChoices
 from fedrl.proto.v1 import federation_pb2 as pb
 from tests.support.experience import Server
 from tests.support.participant import participant as shared_participant
@@ -34,43 +36,42 @@ def participants_on(server: Server) -> dict[str, pb.ParticipantState]:
     return {p.participant_id: p for p in status.sessions[0].participants}
 
 
-def test_an_experience_only_participant_shares_transitions_and_keeps_its_own_model(
+def test_an_experience_only_session_shares_transitions_and_each_member_keeps_its_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     records: list[dict[str, Any]] = []
     replaced: list[object] = []
     server = Server(tmp_path / "server").start()
     try:
+        # Макар creates the session sharing experience; alice takes the session's share.
         with participant(
             server.address, tmp_path / "a", "Макар", "experience", records=records
         ) as (engine, loop):
             monkeypatch.setattr(engine, "set_weights", lambda *a, **k: replaced.append(a))
             while engine.counters.episodes < 6:
                 loop.after_poll(engine.poll())
-            federation, _ = server.stubs()
-            alone = federation.GetVersion(pb.GetVersionRequest(session="default"))
-            with participant(server.address, tmp_path / "b", "alice", "both", seed=1) as other:
+            with participant(server.address, tmp_path / "b", "alice", None, seed=1) as other:
                 deadline = time.monotonic() + 90
-                # Until the session has moved past the model alice seeded and
-                # each side holds the other's transitions.
-                while not (
-                    loop.view.version >= 2 and foreign_rows(engine) and foreign_rows(other[0])
-                ):
+                # Until each side holds the other's transitions.
+                while not (foreign_rows(engine) and foreign_rows(other[0])):
                     assert time.monotonic() < deadline, f"only got to {loop.view}"
                     loop.after_poll(engine.poll())
                     other[1].after_poll(other[0].poll())
                 left = [loop.finish(), other[1].finish()]
+                alice_shares = other[1].rules.share
+        federation, _ = server.stubs()
+        version = federation.GetVersion(pb.GetVersionRequest(session="default"))
         on_server = participants_on(server)
     finally:
         server.stop()
 
-    assert alone.current_version == -1, "an experience-only participant seeded the session"
+    assert alice_shares == "experience"
+    assert version.current_version == -1, "a member of an experience-only session seeded it"
     assert replaced == [] and records == []
     assert loop.base_version == -1
     assert left == [0, 0]
-    assert on_server["Макар"].updates_accepted == 0
-    assert on_server["Макар"].experience_batches > 0
-    assert on_server["alice"].updates_accepted > 0
+    assert all(on_server[pid].updates_accepted == 0 for pid in ("Макар", "alice"))
+    assert all(on_server[pid].experience_batches > 0 for pid in ("Макар", "alice"))
     assert Outbox(tmp_path / "a" / "outbox").size(UPDATE) == (0, 0)
     assert not (tmp_path / "a" / "state.npz").exists()
 
@@ -108,9 +109,9 @@ def test_the_share_decides_whether_experience_is_exchanged() -> None:
 
 def test_the_share_option_reaches_the_config_and_a_ppo_participant_shares_weights_only() -> None:
     config = config_from_options(TrainConfig, {"share": "experience"})
-    ppo = TrainConfig(algo="ppo")
 
-    assert config.share == config.effective_share == "experience"
-    assert ppo.effective_share == "weights"
+    assert config.rules.share == "experience"
+    assert effective_share("experience", on_policy=False) == "experience"
+    assert effective_share("both", on_policy=True) == "weights"
     with pytest.raises(ValueError, match="--share"):
-        TrainConfig(algo="ppo", share="experience")
+        TrainConfig(algo="ppo", rules=RuleChoices(share="experience"))

@@ -53,6 +53,7 @@ from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.learner import Learner
 from fedrl.client.training.memory import memory_use
 from fedrl.common.config_cli import config_options, refuse_options_before_a_command, takes_config
+from fedrl.common.group_rules import in_one_line
 from fedrl.common.identity import validate_participant_id
 from fedrl.common.status_table import hyperparameter_text, render_status
 from fedrl.common.tls import TlsMaterialError
@@ -217,14 +218,17 @@ def train_federated(config: TrainConfig, ranks: RankGroup | None = None) -> Coun
             session=config.session,
             spec=run.spec,
             channel_factory=lambda: _channel(config),
-            share=config.effective_share,
-            plan=config.sync_plan(),
+            rules=config.rules,
             exchange=config.exchange,
             target_at_adoption=config.target_at_adoption,
             on_record=lambda record: state.append_metrics([record]),
         )
         run.closes_first(sync)
         joined = sync.start()
+        if joined is not None:
+            click.echo(
+                f"session {config.session!r}: its rules are {in_one_line(sync.rules)}", err=True
+            )
         if engine.counters.episodes:
             click.echo(
                 f"resuming {state.participant_id} at episode {engine.counters.episodes}, "

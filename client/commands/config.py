@@ -19,8 +19,7 @@ from typing import Literal
 
 from fedrl.client.federation.channel import ConnectionSecurity
 from fedrl.client.federation.experience_sync import ExchangeConfig
-from fedrl.client.federation.sync_loop import Share
-from fedrl.client.federation.sync_plan import ROUNDS_FROM, SyncPlan, sync_plan
+from fedrl.client.federation.sync_plan import SyncPlan, sync_plan
 from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.learner_config import LearnerConfig, TargetAtAdoption
 from fedrl.client.training.networks import NetworkConfig
@@ -28,6 +27,7 @@ from fedrl.client.training.policy_network import ppo_architecture_name
 from fedrl.client.training.ppo_learner import PPOConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.common.config_cli import doc, section
+from fedrl.common.group_rules import GroupRules, RuleChoices
 
 Role = Literal["learner", "actor"]
 """Whether a participant trains (learner) or only acts for the session's learners (actor)."""
@@ -83,78 +83,22 @@ class TrainConfig:
             "Raise the session's total-episodes goal to this before training (0: leave it)."
         ),
     )
-    share: Share = field(
-        default="both",
-        metadata=doc(
-            "What this participant shares: weights, experience (it then keeps its own model), "
-            "or both."
+    rules: RuleChoices = field(
+        default_factory=RuleChoices,
+        metadata=section(
+            "The session's rules: what every member shares and how they sync. Fixed when the "
+            "session is created, by the server or by its first participant's choices here; a "
+            "later member gives none of them (it takes the session's) or the session's own "
+            "values, and is refused if it asks otherwise (`--episodes 0` shows them)."
         ),
     )
     role: Role = field(
         default="learner",
         metadata=doc(
-            "learner: trains and shares what --share says; actor: only acts: plays the newest "
-            "global model and pushes its experience for the session's learners, never "
-            "trains (Ape-X's actors across the federation; DQN with --share both)."
-        ),
-    )
-    sync_interval: int = field(
-        default=2,
-        metadata=doc(
-            "DQN syncing asynchronously (below --rounds-from members pushing weights, or "
-            "with --round-wait-s 0): episodes "
-            "between pushes of this participant's progress to the server (at most one update "
-            "is in flight, so a short interval cannot flood the server). PPO pushes after "
-            "every rollout update."
-        ),
-    )
-    sync_steps: int | None = field(
-        default=None,
-        metadata=doc(
-            "DQN: env steps between syncs. In synchronous rounds, the round's length (default "
-            "128). Asynchronously, also push (and share experience) once this many env steps "
-            "have passed since the last push, if that comes before --sync-interval's "
-            "episodes, so that long episodes do not stretch the time between syncs (default "
-            "0: episodes only)."
-        ),
-    )
-    round_wait_s: float | None = field(
-        default=None,
-        metadata=doc(
-            "DQN, synchronous rounds: every --sync-steps env steps push, wait up to this "
-            "many seconds for the server's version holding that push "
-            "(one update from every active member), adopt it and the round's experience, "
-            "then train on, so that every member starts each round from the same average. "
-            "Each round waits for the slowest member. Default: 5 s wherever rounds can form "
-            "(DQN sharing weights or both), with --rounds-from 3. 0: asynchronous at any "
-            "size."
-        ),
-    )
-    rounds_from: int = field(
-        default=ROUNDS_FROM,
-        metadata=doc(
-            "Sync in rounds only while at least this many members push weights (the "
-            "server's count of those it heard from within its --active-window-s), "
-            "asynchronously while fewer do: on CartPole and LunarLander rounds made fours "
-            "faster and pairs slower (docs/federation.md). 1: rounds at any size."
-        ),
-    )
-    shared_warmup: bool = field(
-        default=True,
-        metadata=doc(
-            "DQN sharing both: sync in rounds (of --sync-steps, 128 unless given) until the "
-            "learner starts, so that the group's experience fills every member's replay to "
-            "learning_starts together instead of each member filling its own at env speed; "
-            "then as --round-wait-s says. Alone it changes nothing."
-        ),
-    )
-    delta_dtype: Literal["bfloat16", "float16", "float32"] | None = field(
-        default=None,
-        metadata=doc(
-            "Wire type of pushed weight deltas (zstd-compressed in any case). Default: "
-            "float32 in rounds (a round's small delta loses too much to bfloat16's 8 bits), "
-            "bfloat16 asynchronously (half the bytes; what rounding leaves out goes with "
-            "the next push)."
+            "learner: trains and shares what the session's --share says; actor: only acts: "
+            "plays the newest global model and pushes its experience for the session's "
+            "learners, never trains (Ape-X's actors across the federation; DQN in a session "
+            "sharing both). This participant's own choice."
         ),
     )
     target_at_adoption: TargetAtAdoption = field(
@@ -228,21 +172,24 @@ class TrainConfig:
     )
     exchange: ExchangeConfig = field(
         default_factory=ExchangeConfig,
-        metadata=section("Experience exchange with the session (federated DQN runs only)."),
+        metadata=section(
+            "This participant's experience exchange with the session (federated DQN runs only)."
+        ),
     )
 
     def __post_init__(self) -> None:
         if self.algo not in ("dqn", "ppo"):
             raise ValueError(f"algo must be dqn or ppo, got {self.algo!r}")
         if self.algo == "ppo":
-            changed = [
+            changed = [name for name in self.rules.chosen() if name in DQN_RULES]
+            changed += [
                 f.name
                 for f in dataclasses.fields(ExchangeConfig)
                 if getattr(self.exchange, f.name) != getattr(ExchangeConfig(), f.name)
             ]
             if changed:
                 refuse_for_ppo(changed)
-            if self.share == "experience":
+            if self.rules.share == "experience":
                 refuse_for_ppo(["share"])
             if self.role == "actor":
                 refuse_for_ppo(["role"])
@@ -258,7 +205,7 @@ class TrainConfig:
             raise ValueError(
                 "--mode pbt: every member trains its own weights; --role actor trains none"
             )
-        for name in ("save_model_every", "save_progress_every", "sync_interval", "learners"):
+        for name in ("save_model_every", "save_progress_every", "learners"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.learners > 1 and self.role == "actor":
@@ -269,8 +216,6 @@ class TrainConfig:
         for name in ("episodes", "total_episodes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.sync_steps is not None and self.sync_steps < 0:
-            raise ValueError(f"sync_steps must be >= 0, got {self.sync_steps}")
         self.sync_plan()  # refuses rounds that could not form before any work starts
         if self.max_env_steps < 0:
             raise ValueError(f"max_env_steps must be >= 0, got {self.max_env_steps}")
@@ -294,33 +239,37 @@ class TrainConfig:
             return ppo_architecture_name(self.ppo.ppo_hidden, self.network, obs_shape)
         return architecture_name(self.learner.hidden, self.learner.dueling, self.network, obs_shape)
 
+    def own_rules(self) -> GroupRules:
+        """The rules this participant's choices make over the defaults: a new session's, if it
+        is the first participant of a server with default rules. ValueError for choices that do
+        not go together."""
+        return GroupRules().with_choices(self.rules)
+
     def sync_plan(self) -> SyncPlan:
-        """When this participant syncs and in what type, the defaults resolved for its
-        algorithm and share (fedrl.client.federation.sync_plan)."""
-        return sync_plan(
-            round_wait_s=self.round_wait_s,
-            sync_steps=self.sync_steps,
-            delta_dtype=self.delta_dtype,
-            rounds_from=self.rounds_from,
-            sync_interval=self.sync_interval,
-            share=self.effective_share,
-            on_policy=self.algo == "ppo",
-            shared_warmup=self.shared_warmup,
-        )
-
-    @property
-    def effective_share(self) -> Share:
-        """What the sync loop shares: PPO shares weights only, whatever --share says."""
-        return "weights" if self.algo == "ppo" else self.share
+        """How this participant would sync by its own rules (own_rules), resolved for its
+        algorithm (fedrl.client.federation.sync_plan); a session's rules may differ."""
+        return sync_plan(self.own_rules(), on_policy=self.algo == "ppo")
 
 
-EXCHANGE_FIELDS = tuple(f.name for f in dataclasses.fields(ExchangeConfig))
-"""The experience exchange options, which PPO refuses."""
-DQN_ONLY = (
-    "target_at_adoption",
+EXCHANGE_FIELDS = (
+    *(f.name for f in dataclasses.fields(ExchangeConfig)),
+    "foreign_credit",
+    "round_foreign_credit",
+    "credit_at_own_pace",
+)
+"""The experience exchange options (the session's credit rules among them), which PPO refuses."""
+DQN_RULES = (
     "round_wait_s",
     "rounds_from",
     "shared_warmup",
+    "foreign_credit",
+    "round_foreign_credit",
+    "credit_at_own_pace",
+)
+"""The session's rules only DQN members follow; a PPO participant that chooses one is refused."""
+DQN_ONLY = (
+    "target_at_adoption",
+    *DQN_RULES,
     *EXCHANGE_FIELDS,
     "n_step",
     "episodic_life",

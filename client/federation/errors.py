@@ -33,7 +33,8 @@ class RejectedError(ServerCallError):
 
 
 class SpecMismatchError(RejectedError):
-    """The local model's spec differs from the session's; the message names the field."""
+    """The session refuses this participant at Join: its model spec, mode or rules differ
+    from the session's; the message names the field or rule and both values."""
 
 
 class AlreadySeededError(RejectedError):

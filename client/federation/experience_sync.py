@@ -20,8 +20,10 @@ Per sync (`ExperienceSync` holds these steps for the sync loop):
    cursor;
 3. the training thread adds what was pulled to the learner's one replay,
    beside its own transitions, each earning replay-ratio credit like a local
-   env step (TrainingEngine.add_foreign, `foreign_credit`) up to this
-   participant's own pace (PacedCredit), then persists the
+   env step (TrainingEngine.add_foreign; the session's `foreign_credit`, or
+   `round_foreign_credit` in rounds, fedrl.common.group_rules explains their
+   defaults) up to this participant's own pace (PacedCredit, the session's
+   `credit_at_own_pace`), then persists the
    cursor (fedrl.client.federation.experience_cursor): a crash before that
    pulls them again.
 
@@ -71,6 +73,7 @@ from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.client.training.vector_env import observation_dtype
 from fedrl.common.chunking import DEFAULT_CHUNK_BYTES
 from fedrl.common.config_cli import doc
+from fedrl.common.group_rules import GroupRules
 from fedrl.proto.v1 import federation_pb2 as fpb
 
 log = logging.getLogger(__name__)
@@ -78,42 +81,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ExchangeConfig:
-    """Experience exchange knobs of a participant.
+    """A participant's own experience exchange knobs: how much it pushes and pulls per sync.
 
-    Why the others' transitions earn twice a local step's credit by default:
-    with any credit the learner's updates grow with all the data the group
-    collects, as an Ape-X learner's do with its actors'; at 2 the others'
-    data is replayed twice as often as one's own, which let asynchronous
-    pairs meet their target on LunarLander where 1 did not reliably. The
-    price is CPU: more updates per own env step.
-
-    Why four times in rounds: there the members' updates of each round,
-    made on the same data, are averaged into one step of the shared model,
-    so four members' updates move it about as far as one member's would;
-    more credit is what buys more sequential updates per transition the
-    group collects. The measurements behind both defaults are in
-    docs/benchmarks.md (federation).
+    Local, unlike the credit the others' transitions earn, which is the
+    session's rule (fedrl.common.group_rules: foreign_credit and its kin):
+    what one member's link and memory take is its own business.
     """
 
-    foreign_credit: float = field(
-        default=2.0,
-        metadata=doc(
-            "Gradient updates each of another participant's transitions earns, as a share of "
-            "a local env step's (--replay-ratio): 1 gives every transition the same expected "
-            "number of replays whoever collected it, 2 replays the others' data twice as "
-            "often, so updates grow with all the data received; 0 adds them to the replay "
-            "at the local pace. DQN only."
-        ),
-    )
-    round_foreign_credit: float = field(
-        default=4.0,
-        metadata=doc(
-            "--foreign-credit while the participant syncs in synchronous rounds (groups of "
-            "--rounds-from members or more): every member there averages updates made on the "
-            "same data, so each one's updates count once per group, not once per member. "
-            "DQN only."
-        ),
-    )
     push_transitions: int = field(
         default=4096,
         metadata=doc(
@@ -125,23 +99,8 @@ class ExchangeConfig:
     pull_transitions: int = field(
         default=4096, metadata=doc("Other participants' transitions asked for per sync.")
     )
-    credit_at_own_pace: bool = field(
-        default=True,
-        metadata=doc(
-            "Of each other participant's transitions, only as many as this participant has "
-            "collected itself since it started earn --foreign-credit; the rest join the "
-            "replay without it. A slower member thus keeps stepping its envs instead of "
-            "owing ever more updates for a faster one's data (which slows it further: in "
-            "an asynchronous pair at --foreign-credit 2, one member did twice the other's "
-            "updates). Off: every received transition earns it, for a learner that should "
-            "keep up with faster members at the replay ratio whatever its own pace."
-        ),
-    )
 
     def __post_init__(self) -> None:
-        for name in ("foreign_credit", "round_foreign_credit"):
-            if not getattr(self, name) >= 0.0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("push_transitions", "pull_transitions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -245,6 +204,7 @@ class ExperienceSync:
         self,
         config: ExchangeConfig,
         *,
+        rules: GroupRules,
         obs_shape: tuple[int, ...],
         n_step: int,
         gamma: float,
@@ -255,17 +215,20 @@ class ExperienceSync:
         pull: bool = True,
         bounds: ObservationBounds | None = None,
     ) -> None:
-        """`pull=False` only pushes: a participant that acts and does not learn has no use for
-        other participants' transitions. `bounds`: the session's observation bounds; rows
-        outside them stay out of pushes (the server would refuse their whole batch)."""
+        """`rules`: the session's, whose credit the others' transitions earn (`follow`
+        changes them). `pull=False` only pushes: a participant that acts and does not learn
+        has no use for other participants' transitions. `bounds`: the session's observation
+        bounds; rows outside them stay out of pushes (the server would refuse their whole
+        batch)."""
         self._config = config
+        self._rules = rules
         self._pulls = pull
         self._bounds = bounds
         self.unshared_out_of_bounds = 0
         """Rows kept out of pushes because an observation left the session's bounds."""
         self._bounds_warned_at = 0
         self._unsent = UnsentTransitions(config.push_transitions, obs_shape)
-        self._paced = PacedCredit() if config.credit_at_own_pace else None
+        self._paced = PacedCredit() if rules.credit_at_own_pace else None
         self._n_step = n_step
         self._gamma = gamma
         self._spec_hash = spec_hash
@@ -300,6 +263,14 @@ class ExperienceSync:
         )
 
     # Training thread.
+
+    def follow(self, rules: GroupRules) -> None:
+        """Credit the others' transitions by `rules` from now on (the session's, once known)."""
+        self._rules = rules
+        if not rules.credit_at_own_pace:
+            self._paced = None
+        elif self._paced is None:
+            self._paced = PacedCredit()
 
     def record(self, batch: LearnerTransitions) -> None:
         if self._paced is not None:
@@ -358,7 +329,7 @@ class ExperienceSync:
         if pulled is None:
             return 0
         added = 0
-        c = self._config
+        rules = self._rules
         for header, batch in pulled.batches:
             if not math.isclose(batch.gamma, self._gamma, rel_tol=1e-6):
                 log.warning(
@@ -368,7 +339,7 @@ class ExperienceSync:
                     self._gamma,
                 )
                 continue
-            credit = c.round_foreign_credit if in_rounds else c.foreign_credit
+            credit = rules.round_foreign_credit if in_rounds else rules.foreign_credit
             if self._paced is not None and len(batch):
                 credit *= self._paced.grant(header.participant_id, len(batch)) / len(batch)
             engine.add_foreign(to_transitions(batch), credit=credit)

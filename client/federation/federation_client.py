@@ -16,8 +16,8 @@ fedrl.client.federation.errors:
 - `RejectedError` (INVALID_ARGUMENT, PERMISSION_DENIED, UNAUTHENTICATED,
   FAILED_PRECONDITION, NOT_FOUND, RESOURCE_EXHAUSTED from a size limit, ...):
   sending it again cannot help; `code` and the server's message say why.
-  `SpecMismatchError` is FAILED_PRECONDITION at Join (the local model does not
-  fit the session); `AlreadySeededError` is ALREADY_EXISTS at SeedModel (pull
+  `SpecMismatchError` is FAILED_PRECONDITION at Join (the local model, mode or
+  rules do not fit the session); `AlreadySeededError` is ALREADY_EXISTS at SeedModel (pull
   the other participant's seed instead).
 
 Updates are built as messages by `build_update` and sent by `push_update`, so
@@ -189,11 +189,19 @@ class FederationClient:
         return self.config.chunk_bytes or DEFAULT_CHUNK_BYTES
 
     async def join(
-        self, spec: tpb.ModelSpec, *, client_version: str = "", mode: str = ""
+        self,
+        spec: tpb.ModelSpec,
+        *,
+        client_version: str = "",
+        mode: str = "",
+        rules: pb.GroupRules | None = None,
     ) -> pb.JoinReply:
-        """Enter the session; SpecMismatchError when the local model (or `mode`) does not fit it.
+        """Enter the session; SpecMismatchError when the local model (or `mode`, or `rules`)
+        does not fit it.
 
         `mode` "pbt" joins (or creates) a population session instead of an averaging one.
+        `rules`: the session's rules this participant chose (they fix a new session's; an
+        existing session refuses them where its own differ).
         """
         digest = spec_hash(spec)
         request = pb.JoinRequest(
@@ -203,6 +211,7 @@ class FederationClient:
             spec_hash=digest,
             client_version=client_version,
             mode=mode,
+            rules=rules,
         )
         try:
             reply: pb.JoinReply = await self._unary(self._stub.Join, request, "join")

@@ -71,7 +71,8 @@ class ServerView:
     duplicates: int = 0
     """Acknowledgements that were answers to a resend (recognised by the server)."""
     session: pb.SessionConfig = field(default_factory=pb.SessionConfig)
-    """The session's settings from the last join (defaults before the first)."""
+    """The session's settings from the last join, its rules among them (defaults before the
+    first)."""
 
     @property
     def push_spacing_s(self) -> float:
@@ -106,8 +107,11 @@ class ServerLink:
         session: str,
         spec: tpb.ModelSpec,
         backoff: BackoffPolicy,
+        rules: pb.GroupRules | None = None,
     ) -> None:
+        """`rules`: the session's rules this participant chose, sent with every Join."""
         self._channel_factory = channel_factory
+        self._rules = rules
         self._participant_id = participant_id
         self._session = session
         self._spec = spec
@@ -297,7 +301,7 @@ class ServerLink:
 
     async def _join_only(self) -> pb.JoinReply:
         try:
-            return await self.client.join(self._spec)
+            return await self.client.join(self._spec, rules=self._rules)
         except SpecMismatchError as exc:
             raise SyncError(str(exc)) from None
 

@@ -2,8 +2,19 @@
 
 The engine's poll loop runs in the main thread and calls
 `SyncLoop.after_poll` after every round; the network traffic runs on the
-server link's thread (fedrl.client.federation.server_link). What the
-participant shares with the session is its `share`:
+server link's thread (fedrl.client.federation.server_link).
+
+How it syncs and what it shares are the session's rules
+(fedrl.common.group_rules), the same for every member: the participant
+sends the ones it chose explicitly with its Join (a new session takes them,
+an existing one refuses them where its own differ) and follows what the
+join reply says. Its plan (fedrl.client.federation.sync_plan) and the credit
+of others' experience follow from them. A participant that starts while the
+server is away trains by its choices over the rules' defaults until its
+first join, and then by the session's (a session that shares otherwise
+stops it with a message: its parts are built for one share).
+
+What the participant shares with the session is the rules' `share`:
 
 - "weights": its progress as weight deltas, averaged into global versions
   that it adopts back (fedrl.client.federation.weight_sync);
@@ -74,13 +85,16 @@ from fedrl.client.federation.global_scoring import VersionScore
 from fedrl.client.federation.observation_bounds import ObservationBounds
 from fedrl.client.federation.outbox import Outbox, OutboxLimits
 from fedrl.client.federation.server_link import ServerLink, ServerView
-from fedrl.client.federation.sync_plan import SyncPlan, check_rounds
+from fedrl.client.federation.sync_plan import SyncPlan, effective_share, sync_plan
 from fedrl.client.federation.sync_state import STATE_FILE
 from fedrl.client.federation.weight_sync import WeightSync
 from fedrl.client.training.counters import PollResult
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.learner import Learner
 from fedrl.client.training.learner_config import TargetAtAdoption
+from fedrl.common.errors import DecodeError
+from fedrl.common.group_rules import SHARES, GroupRules, RuleChoices, Share, in_one_line
+from fedrl.common.group_rules_serde import choices_to_proto, rules_from_proto
 from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
@@ -88,15 +102,12 @@ from fedrl.proto.v1 import tensor_pb2 as tpb
 log = logging.getLogger(__name__)
 
 SyncModeName = Literal["warmup", "rounds", "async"]
-Share = Literal["weights", "experience", "both"]
-"""What a participant shares with its session."""
-SHARES: tuple[Share, ...] = ("weights", "experience", "both")
 EXPERIENCE_CURSOR_FILE = "experience_cursor.json"
 
 _DEFAULT_OUTBOX_LIMITS = OutboxLimits()
 _DEFAULT_EXCHANGE = ExchangeConfig()
 _DEFAULT_BACKOFF = BackoffPolicy()
-_DEFAULT_PLAN = SyncPlan.asynchronous(sync_interval=10)
+_NO_CHOICES = RuleChoices()
 
 
 def shares_experience(share: Share) -> bool:
@@ -118,8 +129,7 @@ class SyncLoop:
         session: str,
         spec: tpb.ModelSpec,
         channel_factory: Callable[[], grpc.aio.Channel],
-        share: Share = "both",
-        plan: SyncPlan = _DEFAULT_PLAN,
+        rules: RuleChoices = _NO_CHOICES,
         evaluate_global: bool = True,
         outbox_limits: OutboxLimits = _DEFAULT_OUTBOX_LIMITS,
         backoff: BackoffPolicy = _DEFAULT_BACKOFF,
@@ -127,78 +137,150 @@ class SyncLoop:
         target_at_adoption: TargetAtAdoption = "shift",
         on_record: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
-        """`exchange` says how experience is traded when `share` includes it (a DQN engine:
-        other participants' transitions go into its replay, TrainingEngine.add_foreign).
-        `target_at_adoption` is what the learner's target network does when a global model
-        is adopted (Learner.set_weights).
-        `plan` says when progress is pushed and experience queued, in synchronous rounds
-        (module docstring; DQN) or asynchronously, as the session's size goes
-        (fedrl.client.federation.sync_plan), and the deltas' wire type.
+        """`rules`: the session's rules this participant chose explicitly. Everything else
+        of how it syncs and what it shares comes from the session's rules, which the join
+        brings (module docstring); a session whose rules differ from a choice refuses it.
+        ValueError at once for choices this engine cannot follow.
+        `exchange` says how much experience one sync trades when the session shares it (a
+        DQN engine: other participants' transitions go into its replay,
+        TrainingEngine.add_foreign). `target_at_adoption` is what the learner's target
+        network does when a global model is adopted (Learner.set_weights).
         `on_record` receives one metrics record per push ("sync") and adoption ("adopt")."""
-        for mode in (plan.alone, plan.rounds, plan.warmup):
-            if mode is not None:
-                check_rounds(
-                    mode.round_wait_s,
-                    sync_steps=mode.interval.env_steps,
-                    share=share,
-                    on_policy=engine.on_policy,
-                )
-        if not engine.learns and share != "both":
-            raise ValueError(
-                "a participant that only acts (--role actor) plays the global model and pushes "
-                "its experience for the session's learners: it needs --share both"
-            )
         self._engine = engine
         self._dir = state_dir
         self._participant_id = participant_id
         self._session = session
         self._spec = spec
         self._channel_factory = channel_factory
-        self._plan = plan
-        self._warming_up = plan.warmup is not None and engine.learns and not engine.on_policy
-        self._mode = plan.mode(0, learning=not self._warming_up)
+        self._link: ServerLink | None = None
+        self._choices = rules
+        self._rules = GroupRules().with_choices(rules)
+        self._plan = self._plan_for(self._rules)
+        self._warming_up = False
+        self._mode = self._plan.alone
+        self._start_mode()
+        self._rules_heard: pb.SessionConfig | None = None
+        self._evaluate_global = evaluate_global
+        self._exchange = exchange
+        self._target_at_adoption: TargetAtAdoption = target_at_adoption
+        self._on_record = on_record
         self._outbox_limits = outbox_limits
         self._backoff = backoff
         self._late_rounds = 0
         self._weights: WeightSync | None = None
-        if share != "experience":
-            self._weights = WeightSync(
-                engine,
-                state_path=state_dir / STATE_FILE,
-                participant_id=participant_id,
-                session=session,
-                spec_hash=spec_hash(spec),
-                sync_interval=self._mode.interval,
-                delta_dtype=self._mode.delta_dtype,
-                evaluate_global=evaluate_global,
-                target_at_adoption=target_at_adoption,
-                on_record=on_record,
-            )
         self._experience: ExperienceSync | None = None
-        if shares_experience(share):
-            if not isinstance(engine.learner, Learner):
-                raise ValueError(
-                    "experience exchange is off-policy data, which PPO does not learn from: "
-                    "share weights only (--share weights) for a PPO participant"
-                )
-            self._experience = ExperienceSync(
-                exchange,
-                obs_shape=engine.obs_shape,
-                n_step=engine.config.n_step,
-                gamma=engine.learner.config.gamma,
-                spec_hash=spec_hash(spec),
-                session=session,
-                participant_id=participant_id,
-                cursor=CursorFile(state_dir / EXPERIENCE_CURSOR_FILE),
-                pull=engine.learns,
-                bounds=ObservationBounds.of(spec.observation_space),
-            )
-            engine.on_batch(self._experience.record)
-        self._link: ServerLink | None = None
+        self._build_parts()
         self._outbox: Outbox | None = None
         self._experience_queued_at = 0
         self._experience_queued_steps = 0
         self._experience_queued_time = -math.inf
+
+    def _plan_for(self, rules: GroupRules) -> SyncPlan:
+        """How this participant syncs under `rules`; ValueError where it cannot follow them."""
+        plan = sync_plan(rules, on_policy=self._engine.on_policy)
+        if self._engine.on_policy and rules.share == "experience":
+            raise ValueError(
+                "experience exchange is off-policy data, which PPO does not learn from: a PPO "
+                "participant shares weights (--share weights or both)"
+            )
+        if not self._engine.learns and self._share_under(rules) != "both":
+            raise ValueError(
+                "a participant that only acts (--role actor) plays the global model and pushes "
+                "its experience for the session's learners: it needs --share both"
+            )
+        return plan
+
+    def _share_under(self, rules: GroupRules) -> Share:
+        return effective_share(rules.share, on_policy=self._engine.on_policy)
+
+    def _start_mode(self) -> None:
+        """The plan's mode for now: its warmup until the learner starts, if it has one."""
+        engine = self._engine
+        self._warming_up = (
+            self._plan.warmup is not None
+            and engine.learns
+            and not engine.on_policy
+            and not engine.learning_started
+        )
+        pushing = self._link.view.pushing_participants if self._link is not None else 0
+        self._mode = self._plan.mode(pushing, learning=not self._warming_up)
+
+    def _build_parts(self) -> None:
+        """The weight and experience halves for the share of the rules followed (they touch
+        nothing until start attaches them)."""
+        engine, spec, state_dir = self._engine, self._spec, self._dir
+        share = self._share_under(self._rules)
+        self._weights = self._experience = None
+        if share != "experience":
+            self._weights = WeightSync(
+                engine,
+                state_path=state_dir / STATE_FILE,
+                participant_id=self._participant_id,
+                session=self._session,
+                spec_hash=spec_hash(spec),
+                sync_interval=self._mode.interval,
+                delta_dtype=self._mode.delta_dtype,
+                evaluate_global=self._evaluate_global,
+                target_at_adoption=self._target_at_adoption,
+                on_record=self._on_record,
+            )
+        if shares_experience(share):
+            # An on-policy engine shares weights only (_plan_for); this one replays.
+            assert isinstance(engine.learner, Learner)
+            self._experience = ExperienceSync(
+                self._exchange,
+                rules=self._rules,
+                obs_shape=engine.obs_shape,
+                n_step=engine.config.n_step,
+                gamma=engine.learner.config.gamma,
+                spec_hash=spec_hash(spec),
+                session=self._session,
+                participant_id=self._participant_id,
+                cursor=CursorFile(state_dir / EXPERIENCE_CURSOR_FILE),
+                pull=engine.learns,
+                bounds=ObservationBounds.of(spec.observation_space),
+            )
+
+    def _follow(self, config: pb.SessionConfig) -> None:
+        """Follow the session's rules from its join reply (a server older than the rules sends
+        none: this participant's own then stand); SyncError where it cannot."""
+        self._rules_heard = config
+        if not config.HasField("rules"):
+            return
+        try:
+            rules = rules_from_proto(config.rules)
+        except DecodeError as exc:
+            raise SyncError(f"session {self._session!r}: {exc}") from None
+        if rules == self._rules:
+            return
+        try:
+            plan = self._plan_for(rules)
+        except ValueError as exc:
+            raise SyncError(
+                f"session {self._session!r} runs by rules this participant cannot follow "
+                f"({in_one_line(rules)}): {exc}"
+            ) from None
+        new_share = self._share_under(rules) != self._share_under(self._rules)
+        if new_share and self._outbox is not None:
+            raise SyncError(
+                f"session {self._session!r} has --share {rules.share}; this participant "
+                f"started before it could join and shares {self._rules.share}, the default. "
+                "Its work is saved: run it again to follow the session's rules from the start"
+            )
+        if self._outbox is not None:
+            log.warning(
+                "joined session %r: following its rules from now on: %s",
+                self._session,
+                in_one_line(rules),
+            )
+        self._rules, self._plan = rules, plan
+        self._start_mode()
+        if new_share:
+            self._build_parts()
+        if self._weights is not None:
+            self._weights.set_mode(self._mode.interval, self._mode.delta_dtype)
+        if self._experience is not None:
+            self._experience.follow(rules)
 
     @property
     def state_path(self) -> Path:
@@ -207,10 +289,12 @@ class SyncLoop:
     # Start.
 
     def start(self, *, connect_timeout_s: float = 20.0) -> pb.JoinReply | None:
-        """Join the session and restore the sync state; None when the server is unreachable.
+        """Join the session, take its rules and restore the sync state; None when the server
+        is unreachable.
 
-        SyncError when the session refuses this model, before anything local
-        is written, so a wrong model or session leaves the state dir as it was.
+        SyncError when the session refuses this model or this participant's choice of its
+        rules, or has rules it cannot follow, before anything local is written, so a wrong
+        model, rule or session leaves the state dir as it was.
         """
         self._link = link = ServerLink(
             channel_factory=self._channel_factory,
@@ -218,6 +302,7 @@ class SyncLoop:
             session=self._session,
             spec=self._spec,
             backoff=self._backoff,
+            rules=choices_to_proto(self._choices),
         )
         try:
             link.start()
@@ -225,12 +310,19 @@ class SyncLoop:
             try:
                 reply = link.probe(connect_timeout_s)
             except (UnavailableError, TimeoutError) as exc:
-                log.warning("server unreachable at start (%s); training offline until then", exc)
+                log.warning(
+                    "server unreachable at start (%s); training offline until then, by the "
+                    "rules' defaults and this participant's choices",
+                    exc,
+                )
+            if reply is not None:
+                self._follow(reply.config)
             self._outbox = Outbox(self._dir / "outbox", limits=self._outbox_limits)
             if self._weights is not None:
                 self._weights.attach(link, self._outbox)
             if self._experience is not None:
                 self._experience.attach(link, self._outbox)
+                self._engine.on_batch(self._experience.record)
             self._experience_queued_at = self._engine.counters.episodes
             self._experience_queued_steps = self._engine.counters.env_steps
             if reply is not None:
@@ -249,9 +341,14 @@ class SyncLoop:
 
     def after_poll(self, result: PollResult) -> None:
         """Record the round; push and queue when their intervals are full; adopt what arrived."""
-        fatal = self._require_link().fatal
+        link = self._require_link()
+        fatal = link.fatal
         if fatal is not None:
             raise SyncError(f"federation stopped: {fatal}")
+        if link.view.session is not self._rules_heard:
+            # A join since the last round (the first, for a participant that started while
+            # the server was away): the session's rules come with it.
+            self._follow(link.view.session)
         self._choose_mode()
         if self._mode.rounds and self._weights is not None:
             self._synchronous_round(result)
@@ -379,6 +476,17 @@ class SyncLoop:
     @property
     def view(self) -> ServerView:
         return self._require_link().view
+
+    @property
+    def rules(self) -> GroupRules:
+        """The session's rules this participant follows (before its first join: its own
+        choices over the rules' defaults)."""
+        return self._rules
+
+    @property
+    def plan(self) -> SyncPlan:
+        """How it syncs under those rules (fedrl.client.federation.sync_plan)."""
+        return self._plan
 
     @property
     def base_version(self) -> int:

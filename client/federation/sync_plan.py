@@ -1,10 +1,13 @@
 """How a participant syncs: in synchronous rounds or asynchronously, and its deltas' wire type.
 
-By default a DQN participant pushing weights syncs asynchronously (every 2
-episodes, bfloat16 deltas) while fewer than three members push weights,
-and in synchronous rounds (of `--sync-steps`, 128 unless given, float32
-deltas unless `--delta-dtype` says otherwise, each waiting up to 5 s for
-its version) from three on: the server's count of members whose updates it
+The plan follows from the session's rules (fedrl.common.group_rules), the
+same for every member, and the member's algorithm, which the session's model
+spec fixes: so every member of a session runs the same plan. By default a
+DQN participant pushing weights syncs asynchronously (every 2 episodes,
+bfloat16 deltas) while fewer than three members push weights, and in
+synchronous rounds (of `--sync-steps`, 128 unless given, float32 deltas
+unless `--delta-dtype` says otherwise, each waiting up to 5 s for its
+version) from three on: the server's count of members whose updates it
 heard within its active window (actors, experience-only members and
 members that went quiet do not count). `--rounds-from N` moves the
 threshold (1: rounds at any size), `--round-wait-s` the wait (0:
@@ -31,28 +34,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from fedrl.client.federation.sync_interval import SyncInterval
-from fedrl.client.federation.weight_sync import DELTA_DTYPES
-
-if TYPE_CHECKING:
-    from fedrl.client.federation.sync_loop import Share
-
-ROUND_STEPS = 128
-"""Env steps per synchronous round unless given (a sync per 8 steps of 16 envs)."""
-ROUND_DELTA_DTYPE = "float32"
-"""Rounds' default: a round's delta holds only ROUND_STEPS env steps of updates and is averaged
-as soon as it is sent, so it goes whole rather than rounded to bfloat16's 8 bits of mantissa
-(docs/benchmarks.md, weight deltas)."""
-ROUND_WAIT_S = 5.0
-"""Longest wait for a round's version unless given (warmup rounds included): the server's
-default buffer timeout, after which a version forms without a silent member."""
-ROUNDS_FROM = 3
-"""Members pushing weights from which a group syncs in rounds unless given (module docstring)."""
-ASYNC_DELTA_DTYPE = "bfloat16"
-"""Asynchronous syncs' default: their deltas span many updates, and the measured defaults
-(pairs on both tasks) used it; half the bytes of float32."""
+from fedrl.common.group_rules import (
+    ASYNC_DELTA_DTYPE,
+    DELTA_DTYPES,
+    ROUND_DELTA_DTYPE,
+    ROUND_STEPS,
+    ROUND_WAIT_S,
+    GroupRules,
+    Share,
+)
 
 
 @dataclass(frozen=True)
@@ -128,24 +120,22 @@ class SyncPlan:
         return cls(alone=rounds, rounds=rounds, rounds_from=1)
 
 
-def sync_plan(
-    *,
-    round_wait_s: float | None,
-    sync_steps: int | None,
-    delta_dtype: str | None,
-    rounds_from: int,
-    sync_interval: int,
-    share: Share,
-    on_policy: bool,
-    shared_warmup: bool,
-) -> SyncPlan:
-    """The plan from a command's options, None where left to the defaults (module
-    docstring); ValueError for rounds asked for where they could not form."""
+def effective_share(share: Share, *, on_policy: bool) -> Share:
+    """What a member shares under the session's `share`: an on-policy learner (PPO) learns
+    only from its own rollouts, so it shares weights whatever the session shares."""
+    return "weights" if on_policy else share
+
+
+def sync_plan(rules: GroupRules, *, on_policy: bool) -> SyncPlan:
+    """The plan of a member following `rules`, its automatic ones resolved for its algorithm
+    (module docstring); ValueError for rounds where they could not form."""
+    share = effective_share(rules.share, on_policy=on_policy)
+    sync_steps, delta_dtype, rounds_from = rules.sync_steps, rules.delta_dtype, rules.rounds_from
+    sync_interval = rules.sync_interval
+    round_wait_s = rules.round_wait_s
     if round_wait_s is None:
         # Rounds by default wherever they can form: DQN pushing weights.
         round_wait_s = ROUND_WAIT_S if share != "experience" and not on_policy else 0.0
-    if rounds_from < 1:
-        raise ValueError(f"rounds_from must be at least 1, got {rounds_from}")
     round_steps = ROUND_STEPS if sync_steps is None else sync_steps
     check_rounds(round_wait_s, sync_steps=round_steps, share=share, on_policy=on_policy)
     plan = SyncPlan.asynchronous(
@@ -165,7 +155,7 @@ def sync_plan(
             else replace(rounds, alone=plan.alone, rounds_from=rounds_from)
         )
     # Weight rounds keep the members in step; experience is what fills the replays.
-    if shared_warmup and share == "both" and not on_policy:
+    if rules.shared_warmup and share == "both" and not on_policy:
         return plan.with_warmup()
     return plan
 

@@ -93,16 +93,11 @@ from fedrl.client.federation.weight_traffic import WeightTraffic
 from fedrl.client.training.counters import PollResult
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.learner_config import TARGET_AT_ADOPTION, TargetAtAdoption
+from fedrl.common.group_rules import DELTA_DTYPES
+from fedrl.common.serde import wire_dtype
 from fedrl.proto.v1 import federation_pb2 as pb
-from fedrl.proto.v1 import tensor_pb2 as tpb
 
 log = logging.getLogger(__name__)
-
-DELTA_DTYPES = {
-    "bfloat16": tpb.DTYPE_BFLOAT16,
-    "float16": tpb.DTYPE_FLOAT16,
-    "float32": tpb.DTYPE_FLOAT32,
-}
 
 
 class WeightSync:
@@ -137,7 +132,7 @@ class WeightSync:
         self._session = session
         self._spec_hash = spec_hash
         self._sync_interval = sync_interval
-        self._delta_dtype = DELTA_DTYPES[delta_dtype]
+        self._delta_dtype = wire_dtype(delta_dtype)
         self._evaluate_global = evaluate_global
         self._target_at_adoption: TargetAtAdoption = target_at_adoption
         self._on_record = on_record
@@ -263,7 +258,7 @@ class WeightSync:
         """Sync on this interval and push deltas of this type from now on (SyncLoop, as the
         session's size moves between rounds and asynchronous syncs)."""
         self._sync_interval = sync_interval
-        self._delta_dtype = DELTA_DTYPES[delta_dtype]
+        self._delta_dtype = wire_dtype(delta_dtype)
 
     def due(self, result: PollResult) -> bool:
         """Whether the sync interval is full (PPO: the round made a rollout update)."""

@@ -13,15 +13,18 @@ import grpc
 from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.federation.model_spec import model_spec
-from fedrl.client.federation.sync_loop import Share, SyncLoop
-from fedrl.client.federation.sync_plan import SyncPlan
+from fedrl.client.federation.sync_loop import SyncLoop
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
+from fedrl.common.group_rules import RuleChoices, Share
 
 SMALL = LearnerConfig(hidden=(32, 32), learning_starts=64, batch_size=32, device="cpu")
 EXCHANGE = ExchangeConfig(push_transitions=200, pull_transitions=2000)
+EVERY_3_EPISODES = RuleChoices(sync_interval=3, round_wait_s=0.0, shared_warmup=False)
+"""The session's rules the test participants choose unless told otherwise: asynchronous syncs
+every 3 episodes, from the first step."""
 
 
 @contextmanager
@@ -29,8 +32,9 @@ def participant(
     address: str,
     state_dir: Path,
     participant_id: str,
-    share: Share = "both",
+    share: Share | None = "both",
     *,
+    rules: RuleChoices = EVERY_3_EPISODES,
     learn: bool = True,
     seed: int = 0,
     records: list[dict[str, Any]] | None = None,
@@ -39,16 +43,12 @@ def participant(
     learner: LearnerConfig = SMALL,
     **loop_options: Any,
 ) -> Iterator[tuple[TrainingEngine, SyncLoop]]:
-    """A started engine and its started sync loop, syncing every 3 episodes unless
-    `loop_options` say otherwise; closed on exit. `engine_config` (its seed replaced by `seed`):
-    default a serial engine of 2 envs."""
+    """A started engine and its started sync loop, choosing `rules` (by default syncing
+    every 3 episodes) and sharing `share` (None: the session's); closed on exit.
+    `engine_config` (its seed replaced by `seed`): default a serial engine of 2 envs."""
     config = engine_config or EngineConfig(workers=0, envs_per_worker=2, eval_interval=0)
     engine = TrainingEngine(dataclasses.replace(config, seed=seed), learner, learn=learn)
-    options: dict[str, Any] = {
-        "plan": SyncPlan.asynchronous(sync_interval=3),
-        "exchange": EXCHANGE,
-        **loop_options,
-    }
+    options: dict[str, Any] = {"exchange": EXCHANGE, **loop_options}
     loop = SyncLoop(
         engine,
         state_dir=state_dir,
@@ -56,7 +56,7 @@ def participant(
         session="default",
         spec=model_spec("CartPole-v1", engine.weights(), architecture_name(learner.hidden, True)),
         channel_factory=lambda: grpc.aio.insecure_channel(address),
-        share=share,
+        rules=rules if share is None else dataclasses.replace(rules, share=share),
         evaluate_global=False,
         backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
         on_record=None if records is None else records.append,
