@@ -20,6 +20,8 @@ from fedrl.server.limits import LimitsConfig
 Strategy = Literal["mean", "trimmed_mean", "median"]
 STRATEGIES: tuple[Strategy, ...] = typing.get_args(Strategy)
 _LIMITS = LimitsConfig()
+DASHBOARD_PORT = 7444
+"""The dashboard's port unless --dashboard-port says otherwise: the server's default + 1."""
 
 SERVE = Section("serve", "Where it listens, its data, and what it tells participants.")
 AGGREGATION = Section("aggregation", "How updates become global versions, and which are refused.")
@@ -263,9 +265,14 @@ class ServerConfig:
             section=DASHBOARD,
         ),
     )
-    dashboard_port: int = field(
-        default=7444,
-        metadata=doc("TCP port of the dashboard; 0 picks a free one (printed).", section=DASHBOARD),
+    dashboard_port: int | None = field(
+        default=None,
+        metadata=doc(
+            f"TCP port of the dashboard, printed at start; 0 picks a free one (default: "
+            f"{DASHBOARD_PORT}, or a free one with --port 0, so that servers started side by "
+            "side never collide).",
+            section=DASHBOARD,
+        ),
     )
     no_dashboard: bool = field(
         default=False, metadata=doc("Serve no web dashboard.", section=DASHBOARD)
@@ -284,6 +291,14 @@ class ServerConfig:
             push_burst=self.push_burst,
             stream_idle_timeout_s=self.stream_idle_timeout_s,
         )
+
+    @property
+    def dashboard_listen_port(self) -> int:
+        """The dashboard's port: the one given, else the usual one, or any free one (0) when
+        the server's own port is any free one."""
+        if self.dashboard_port is not None:
+            return self.dashboard_port
+        return 0 if self.port == 0 else DASHBOARD_PORT
 
     def strategy_for(self, session: str) -> str:
         """The aggregation strategy of a session: its own if --session-strategy names it."""
@@ -311,8 +326,9 @@ class ServerConfig:
         if self.global_eval_interval < 0:
             raise ValueError(f"global_eval_interval must be >= 0, got {self.global_eval_interval}")
         for name in ("port", "dashboard_port"):
-            if not 0 <= getattr(self, name) <= 65535:
-                raise ValueError(f"{name} must be in 0..65535, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 65535:
+                raise ValueError(f"{name} must be in 0..65535, got {value}")
         if self.max_pending < self.buffer_size:
             raise ValueError(
                 f"max_pending ({self.max_pending}) must be at least buffer_size "
