@@ -81,3 +81,11 @@ def test_a_command_with_one_section_keeps_its_plain_help() -> None:
 
     assert "Options:" in text
     assert "--help-all" not in text and "--config" not in text
+
+
+def test_a_subcommand_shows_its_nested_section_under_its_own_heading() -> None:
+    text = help_text(client_main, "plot", "--help")
+
+    top, tls = text.split("tls — ")
+    assert "--state-dir" in top and "--bundle" not in top
+    assert "--bundle" in tls and "--state-dir" not in tls

@@ -17,6 +17,7 @@ from fedrl.client.commands.config import TrainConfig, train_config_toml
 from fedrl.client.commands.state_dir import CONFIG_FILE, PARTICIPANT_ID_FILE
 from fedrl.common.config_cli import config_from_options, doc, takes_config
 from fedrl.common.config_file import ConfigFileError, read_config_file
+from fedrl.common.config_help import ConfigCommand
 from fedrl.common.identity import safe_dirname, validate_participant_id
 
 
@@ -40,7 +41,7 @@ class ShowConfig:
     )
 
 
-@click.command("config")
+@click.command("config", cls=ConfigCommand)
 @takes_config(ShowConfig)
 def config_command(config: ShowConfig) -> None:
     """Print the configuration of a participant's latest run, as a file for --config.
