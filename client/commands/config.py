@@ -5,7 +5,9 @@ defaults and their help text all come from the fields and their metadata
 (fedrl.common.config_cli), so the two cannot drift apart. The engine, the
 learner, the networks, PPO, the experience exchange and the connection's
 security are sections: their own configs, whose fields are options of this
-command too. `--algo` picks the learner; the options only the other one reads
+command too; the command's own fields are in the run, federation and output
+sections. The sections head the help and are the tables of a config file
+(`--config`). `--algo` picks the learner; the options only the other one reads
 are refused (`check_algorithm_options`) rather than silently ignored.
 """
 
