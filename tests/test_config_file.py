@@ -303,3 +303,36 @@ def test_a_required_setting_may_come_from_the_file(tmp_path: Path) -> None:
     missing = CliRunner().invoke(needs, [])
     assert seen == [Needs(goal=5)]
     assert missing.exit_code == 2 and "Missing option '--goal'" in missing.output
+
+
+def test_fedrl_client_config_prints_what_runs_the_recorded_configuration_again(
+    tmp_path: Path,
+) -> None:
+    # prepare: a state dir that recorded a configuration with every kind of value
+    token = tmp_path / "tökén"
+    token.write_text("secret", encoding="utf-8")
+    rich = dataclasses.replace(
+        TrainConfig(
+            participant_id="Макар 李雷",
+            server="[::1]:7443",
+            share="experience",
+            delta_dtype="float16",
+            round_wait_s=0.0,
+            state_dir=tmp_path / "state dirs",
+        ),
+        learner=LearnerConfig(hidden=(128, 64, 32), grad_clip_norm=None, target_update="polyak"),
+        tls=ConnectionSecurity(ca_cert=token, token_file=token),
+    )
+    where = rich.state_dir / rich.participant_id
+    where.mkdir(parents=True)
+    (where / "config.toml").write_text(config_to_toml(rich), encoding="utf-8")
+
+    # act: print it, and run (as far as --print-config) from what was printed
+    shown = CliRunner().invoke(client_main, ["config", "--state-dir", str(rich.state_dir)])
+    file = tmp_path / "again.toml"
+    file.write_text(shown.output, encoding="utf-8")
+    again = printed("--config", str(file))
+
+    # assert
+    assert shown.exit_code == 0, shown.output
+    assert again == rich
