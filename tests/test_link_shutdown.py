@@ -77,12 +77,12 @@ def test_a_link_closed_while_pushes_are_in_flight_leaves_no_task_pending(
 
         with caplog.at_level(logging.ERROR, logger="asyncio"):
             # Closes at several moments of a push: one of them cuts a call short.
-            for delay_s in (0.0, 0.002, 0.01, 0.05):
+            for delay_s in (0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1):
                 link = _pushing_link(channel, spec, weights)
                 link.start()
                 link.connect()
                 link.run_in_background()
-                time.sleep(0.2 + delay_s)
+                time.sleep(0.1 + delay_s)
 
                 # act
                 link.close()
