@@ -101,7 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         address = server.address
         print(f"server on {address}, data in {run_dir / 'server'}", flush=True)
         print(f"watch the training live at {server.dashboard_url}", flush=True)
-        participants = [start_participant(run_dir, address, pid) for pid in PARTICIPANTS]
+        participants = [
+            start_participant(run_dir, address, pid, episodes=args.goal_episodes)
+            for pid in PARTICIPANTS
+        ]
         print(
             f"participants {', '.join(PARTICIPANTS)} training (logs: {run_dir}/*.log) until a "
             f"global version scores {args.target:g}; at most {args.goal_episodes:,} episodes "
@@ -141,7 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.stop(STOP_GRACE_S)
 
 
-def start_participant(run_dir: Path, address: str, participant_id: str) -> subprocess.Popen[str]:
+def start_participant(
+    run_dir: Path, address: str, participant_id: str, *, episodes: int
+) -> subprocess.Popen[str]:
+    """A participant that trains until the session's goal (its own budget is no smaller)."""
     # Two participants share the machine: each gets half the cores, one of
     # which is its learner's (fewer than two left: actors run in-process).
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -157,7 +163,7 @@ def start_participant(run_dir: Path, address: str, participant_id: str) -> subpr
             "--env",
             "CartPole-v1",
             "--episodes",
-            "1000000",
+            str(episodes),
             "--workers",
             str(workers),
             "--state-dir",
