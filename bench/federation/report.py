@@ -16,9 +16,8 @@ import psutil
 import torch
 
 from bench.federation import statistics
-from bench.federation.participant import DEFAULT_REPLAY_RATIO
 from bench.federation.results import RunResult
-from bench.federation.settings import MODE_NAMES, Settings
+from bench.federation.settings import MODE_NAMES, Configuration, Settings
 from bench.federation.statistics import Estimate, describe, describe_speedup
 from bench.federation.summary import LOSSLESS_TOLERANCE, ArrangementSummary, Comparison
 from bench.federation.sweep import Reference, replay_ratio_of
@@ -93,8 +92,11 @@ def _arrangement_row(name: str, s: ArrangementSummary) -> str:
     )
 
 
-def _ratio(reference: Reference) -> str:
-    return f"rr {replay_ratio_of(reference.configuration):.2f}"
+def _ratio(configuration: Configuration) -> str:
+    """What sets its compute: the replay ratio, or PPO's rollouts and epochs."""
+    if configuration.algo == "ppo":
+        return "PPO's settings"
+    return f"rr {replay_ratio_of(configuration):.2f}"
 
 
 def comparison_lines(c: Comparison, cores: int) -> Iterator[str]:
@@ -121,9 +123,9 @@ def comparison_lines(c: Comparison, cores: int) -> Iterator[str]:
         )
         yield _row(own) + f"  {_dashes(c.group.own_per_seed_steps)}"
     references = [
-        (f"default lone (rr {DEFAULT_REPLAY_RATIO:.2f})", c.default_lone, None),
+        (f"default lone ({_ratio(c.default_lone.configuration)})", c.default_lone, None),
         (
-            f"compute-matched lone ({_ratio(c.compute_matched_reference)})",
+            f"compute-matched lone ({_ratio(c.compute_matched.configuration)})",
             c.compute_matched,
             c.compute_matched_reference,
         ),
@@ -131,7 +133,7 @@ def comparison_lines(c: Comparison, cores: int) -> Iterator[str]:
     if group.n > 1:
         references.append(
             (
-                f"pooled, {group.n} x envs ({_ratio(c.pooled_reference)})",
+                f"pooled, {group.n} x envs ({_ratio(c.pooled.configuration)})",
                 c.pooled,
                 c.pooled_reference,
             )
