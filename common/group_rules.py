@@ -102,7 +102,8 @@ class GroupRules:
         default=2,
         metadata=doc(
             "Episodes between a member's pushes while it syncs asynchronously (below "
-            "--rounds-from members pushing weights, or with --round-wait-s 0)."
+            "--rounds-from members pushing weights, or with --round-wait-s 0).",
+            formerly=("serve",),
         ),
     )
     sync_steps: int | None = field(
@@ -188,14 +189,20 @@ class GroupRules:
 
 @dataclass(frozen=True)
 class RuleChoices:
-    """The session's rules one participant chose explicitly; None: the session's."""
+    """The session's rules one participant chose explicitly; None: the session's.
+
+    As fedrl-client's rules section. A config file a run recorded before the rules were the
+    session's has them in its [federation] and [exchange] tables (`formerly`): it still
+    reads, its values chosen explicitly, so it joins a session that agrees with them.
+    """
 
     share: Share | None = field(
         default=None,
         metadata=doc(
             "What the session's members share: weights (deltas averaged into global "
             "versions), experience (transitions; each keeps its own model) or both. "
-            "Default: the session's (both unless its server says otherwise)."
+            "Default: the session's (both unless its server says otherwise).",
+            formerly=("federation",),
         ),
     )
     sync_interval: int | None = field(
@@ -203,7 +210,8 @@ class RuleChoices:
         metadata=doc(
             "Episodes between pushes while syncing asynchronously (below --rounds-from "
             "members pushing weights, or with --round-wait-s 0). Default: the session's (2). "
-            "PPO pushes after every rollout update."
+            "PPO pushes after every rollout update.",
+            formerly=("federation",),
         ),
     )
     sync_steps: int | None = field(
@@ -212,7 +220,8 @@ class RuleChoices:
             f"DQN: env steps between syncs: a round's length, and asynchronously a push once "
             f"this many steps passed if that comes before --sync-interval's episodes (0: "
             f"episodes only). Default: the session's (automatic: {ROUND_STEPS} in rounds, 0 "
-            f"asynchronously)."
+            f"asynchronously).",
+            formerly=("federation",),
         ),
     )
     round_wait_s: float | None = field(
@@ -222,7 +231,8 @@ class RuleChoices:
             f"seconds for the version holding that push, adopt it and the round's "
             f"experience, so that every member starts each round from the same average; 0: "
             f"asynchronous at any size. Default: the session's (automatic: {ROUND_WAIT_S:g} s "
-            f"wherever rounds can form, from --rounds-from members)."
+            f"wherever rounds can form, from --rounds-from members).",
+            formerly=("federation",),
         ),
     )
     rounds_from: int | None = field(
@@ -230,14 +240,16 @@ class RuleChoices:
         metadata=doc(
             f"Sync in rounds only while at least this many members push weights (the server's "
             f"count of those it heard from within its --active-window-s), asynchronously while "
-            f"fewer do; 1: rounds at any size. Default: the session's ({ROUNDS_FROM})."
+            f"fewer do; 1: rounds at any size. Default: the session's ({ROUNDS_FROM}).",
+            formerly=("federation",),
         ),
     )
     shared_warmup: bool | None = field(
         default=None,
         metadata=doc(
             "DQN sharing both: sync in rounds until the learner starts, so that the group's "
-            "experience fills every member's replay together. Default: the session's (on)."
+            "experience fills every member's replay together. Default: the session's (on).",
+            formerly=("federation",),
         ),
     )
     delta_dtype: DeltaDtype | None = field(
@@ -245,7 +257,8 @@ class RuleChoices:
         metadata=doc(
             f"Wire type of pushed weight deltas (zstd-compressed in any case). Default: the "
             f"session's (automatic: {ROUND_DELTA_DTYPE} in rounds, {ASYNC_DELTA_DTYPE} "
-            f"asynchronously)."
+            f"asynchronously).",
+            formerly=("federation",),
         ),
     )
     foreign_credit: float | None = field(
@@ -254,14 +267,16 @@ class RuleChoices:
             f"DQN: gradient updates each of another participant's transitions earns, as a "
             f"share of a local env step's (--replay-ratio): 1 replays everyone's data alike, 2 "
             f"the others' twice as often; 0 adds them at the local pace. Default: the "
-            f"session's ({FOREIGN_CREDIT:g})."
+            f"session's ({FOREIGN_CREDIT:g}).",
+            formerly=("exchange",),
         ),
     )
     round_foreign_credit: float | None = field(
         default=None,
         metadata=doc(
             f"DQN: --foreign-credit while syncing in rounds, where members average updates "
-            f"made on the same data. Default: the session's ({ROUND_FOREIGN_CREDIT:g})."
+            f"made on the same data. Default: the session's ({ROUND_FOREIGN_CREDIT:g}).",
+            formerly=("exchange",),
         ),
     )
     credit_at_own_pace: bool | None = field(
@@ -269,7 +284,8 @@ class RuleChoices:
         metadata=doc(
             "DQN: of each other participant's transitions, only as many as this one collected "
             "itself earn --foreign-credit, so a slower member keeps stepping its envs instead "
-            "of owing ever more updates. Default: the session's (on)."
+            "of owing ever more updates. Default: the session's (on).",
+            formerly=("exchange",),
         ),
     )
 

@@ -14,13 +14,17 @@ import grpc
 import pytest
 from click.testing import CliRunner
 
+from fedrl.client.commands.config import TrainConfig
 from fedrl.client.federation.errors import SyncError
 from fedrl.client.federation.sync_plan import sync_plan
+from fedrl.common.config_cli import config_from_options
+from fedrl.common.config_file import read_config_file
 from fedrl.common.group_rules import GroupRules, RuleChoices
 from fedrl.common.group_rules_serde import choices_to_proto, rules_from_proto
 from fedrl.common.status_table import render_status
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
+from fedrl.server.cli import ServeConfig
 from fedrl.server.cli import main as server_main
 from fedrl.server.dashboard.status_json import status_document
 from fedrl.server.names import DB_FILE
@@ -36,7 +40,7 @@ from tests.support.server_harness import (
 
 CLIENT = [sys.executable, "-c", "from fedrl.client.commands.cli import main; main()"]
 SMALL_RUN = [
-    *("--workers", "0", "--envs-per-worker", "2", "--eval-interval", "0"),
+    *("--episodes", "2", "--workers", "0", "--envs-per-worker", "2", "--eval-interval", "0"),
     *("--hidden", "16", "--learning-starts", "32", "--batch-size", "8"),
     *("--tensorboard", "off", "--save-model-every", "1"),
 ]
@@ -86,41 +90,92 @@ def refused(call: Callable[[], object]) -> grpc.RpcError:
     return caught.value
 
 
+def old_recorded_config(path: Path, rounds_from: int) -> Path:
+    """The rules as a run recorded them before they were the session's: every one at its
+    value then, in the [federation] and [exchange] tables."""
+    path.write_text(
+        "[federation]\n"
+        'share = "both"\n'
+        "sync_interval = 2\n"
+        'sync_steps = "none"\n'
+        'round_wait_s = "none"\n'
+        f"rounds_from = {rounds_from}\n"
+        "shared_warmup = true\n"
+        'target_at_adoption = "shift"\n'
+        "[exchange]\n"
+        "foreign_credit = 2.0\n"
+        "round_foreign_credit = 4.0\n"
+        "push_transitions = 4096\n"
+        "pull_transitions = 4096\n"
+        "credit_at_own_pace = true\n",
+        encoding="utf-8",
+    )
+    return path
+
+
 def test_a_member_whose_flag_disagrees_with_its_session_is_refused_naming_both_values(
     tmp_path: Path,
 ) -> None:
     # prepare: ann's run creates the session choosing rounds from two members
+    state = tmp_path / "state"
     with InProcessServer(server_config(tmp_path / "server")) as server:
-        first = client(
-            server.address, tmp_path / "state", "ann", *SMALL_RUN, "--episodes", "2",
-            "--rounds-from", "2",
-        )  # fmt: skip
+        first = client(server.address, state, "ann", *SMALL_RUN, "--rounds-from", "2")
         assert first.returncode == 0, first.stderr
 
-        # act: bob asks for rounds from four, carl repeats the session's own value
-        bob = client(
-            server.address, tmp_path / "state", "bob", *SMALL_RUN, "--episodes", "2",
-            "--rounds-from", "4",
-        )  # fmt: skip
-        carl = client(
-            server.address, tmp_path / "state", "carl", *SMALL_RUN, "--episodes", "2",
-            "--rounds-from", "2",
-        )  # fmt: skip
+        # act: bob asks for rounds from four, carl repeats the session's own value; dave and
+        # erin run configurations recorded before the rules were the session's
+        bob = client(server.address, state, "bob", *SMALL_RUN, "--rounds-from", "4")
+        carl = client(server.address, state, "carl", *SMALL_RUN, "--rounds-from", "2")
+        agreeing = old_recorded_config(tmp_path / "agreeing.toml", rounds_from=2)
+        dave = client(server.address, state, "dave", *SMALL_RUN, "--config", str(agreeing))
+        old = old_recorded_config(tmp_path / "old.toml", rounds_from=3)
+        erin = client(server.address, state, "erin", *SMALL_RUN, "--config", str(old))
         members = {
             p.participant_id
             for p in server.stub().Status(pb.StatusRequest()).sessions[0].participants
         }
 
     # assert
-    assert bob.returncode != 0
+    assert bob.returncode != 0 and erin.returncode != 0
     assert (
         "session 'default' has --rounds-from 2 (rounds from 2 members pushing), you asked for "
         "--rounds-from 4: drop the flag or join another session"
     ) in " ".join(bob.stderr.split())
+    refused_old = " ".join(erin.stderr.split())
+    assert "has --rounds-from 2" in refused_old and "you asked for --rounds-from 3" in refused_old
+    assert str(old) in refused_old
     assert carl.returncode == 0, carl.stderr
+    assert dave.returncode == 0, dave.stderr
     assert "its rules are --share both --sync-interval 2" in first.stderr
-    assert members == {"ann", "carl"}
-    assert not (tmp_path / "state" / "bob" / "sync").exists()
+    assert members == {"ann", "carl", "dave"}
+    assert not (state / "bob" / "sync").exists()
+
+
+def test_a_config_recorded_before_the_rules_reads_as_the_choices_it_holds(tmp_path: Path) -> None:
+    settings = read_config_file(TrainConfig, old_recorded_config(tmp_path / "old.toml", 3))
+
+    config = config_from_options(TrainConfig, settings)
+
+    assert config.rules == RuleChoices(
+        share="both",
+        sync_interval=2,
+        rounds_from=3,
+        shared_warmup=True,
+        foreign_credit=2.0,
+        round_foreign_credit=4.0,
+        credit_at_own_pace=True,
+    )
+
+
+def test_a_server_config_file_with_the_sync_interval_where_it_was_reads_as_the_rule(
+    tmp_path: Path,
+) -> None:
+    file = tmp_path / "serve.toml"
+    file.write_text("[serve]\nsync_interval = 5\n", encoding="utf-8")
+
+    config = config_from_options(ServeConfig, read_config_file(ServeConfig, file))
+
+    assert config.server.rules == GroupRules(sync_interval=5)
 
 
 def test_two_members_run_the_same_rules_the_first_ones_choice_fixed(tmp_path: Path) -> None:
