@@ -44,7 +44,7 @@ DELTA_DTYPES: tuple[DeltaDtype, ...] = ("bfloat16", "float16", "float32")
 
 ROUNDS_FROM = 3
 """Members pushing weights from which a group syncs in rounds unless chosen otherwise:
-in bench/federation.py's runs on CartPole and LunarLander, groups of four learned faster
+in bench.federation's runs on CartPole and LunarLander, groups of four learned faster
 in rounds and pairs did not (docs/benchmarks.md, federation)."""
 ROUND_STEPS = 128
 """Env steps per synchronous round unless given (a sync per 8 steps of 16 envs)."""

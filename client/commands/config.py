@@ -149,7 +149,7 @@ class TrainConfig:
     role: Role = field(
         default="learner",
         metadata=doc(
-            "learner: trains and shares what the session's --share says; actor: only acts: "
+            "learner: trains and shares what the session shares; actor: only acts: "
             "plays the newest global model and pushes its experience for the session's "
             "learners, never trains (Ape-X's actors across the federation; DQN in a session "
             "sharing both). This participant's own choice.",

@@ -25,7 +25,7 @@ replay in about 1/N of the steps.
 
 Why rounds only from three members: averaging every round keeps a group's
 models together at the price of a wait for the slowest member each round.
-In bench/federation.py's runs on CartPole and LunarLander, groups of four
+In bench.federation's runs on CartPole and LunarLander, groups of four
 learned faster in rounds and pairs did not, so pairs sync asynchronously
 (docs/benchmarks.md, federation).
 """
