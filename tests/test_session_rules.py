@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -26,6 +27,7 @@ from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.server.cli import ServeConfig
 from fedrl.server.cli import main as server_main
+from fedrl.server.config import ServerConfig
 from fedrl.server.dashboard.status_json import status_document
 from fedrl.server.names import DB_FILE
 from tests.support.participant import participant
@@ -81,6 +83,18 @@ def session_rules(stub: pb_grpc.FederationStub, session: str = "default") -> Gro
     """The session's rules as the Status RPC shows them."""
     reply = stub.Status(pb.StatusRequest(session=session))
     return rules_from_proto(reply.sessions[0].config.rules)
+
+
+def session_made_by_ann(tmp_path: Path, **choices: Any) -> ServerConfig:
+    """A server on a fixed port where ann's participant (with `choices`) made the default
+    session, stopped: the config starts it again."""
+    config = server_config(tmp_path / "server", port=free_port())
+    with (
+        InProcessServer(config) as server,
+        participant(server.address, tmp_path / "ann", "ann", **choices),
+    ):
+        pass
+    return config
 
 
 def refused(call: Callable[[], object]) -> grpc.RpcError:
@@ -352,16 +366,14 @@ def test_a_participant_that_started_while_the_server_was_away_follows_the_sessio
     tmp_path: Path,
 ) -> None:
     # prepare: ann made the session (every rule chosen) on a server that then went away
-    port = free_port()
-    config = server_config(tmp_path / "server", port=port)
-    with (
-        InProcessServer(config) as server,
-        participant(server.address, tmp_path / "ann", "ann", rules=CHOSEN),
-    ):
-        pass
-    address = f"127.0.0.1:{port}"
+    config = session_made_by_ann(tmp_path, rules=CHOSEN)
     with participant(
-        address, tmp_path / "bob", "bob", None, rules=RuleChoices(), connect_timeout_s=1.0
+        f"127.0.0.1:{config.port}",
+        tmp_path / "bob",
+        "bob",
+        None,
+        rules=RuleChoices(),
+        connect_timeout_s=1.0,
     ) as (engine, bob):
         # act: bob trains by the defaults until the server is back, then joins
         for _ in range(3):
@@ -384,17 +396,11 @@ def test_a_participant_that_started_while_the_server_was_away_follows_the_sessio
 def test_a_participant_that_started_away_from_a_session_sharing_otherwise_stops_saying_so(
     tmp_path: Path,
 ) -> None:
-    port = free_port()
-    config = server_config(tmp_path / "server", port=port)
-    with (
-        InProcessServer(config) as server,
-        participant(server.address, tmp_path / "ann", "ann", "weights"),
-    ):
-        pass
-    with participant(f"127.0.0.1:{port}", tmp_path / "bob", "bob", None, connect_timeout_s=1.0) as (
-        engine,
-        bob,
-    ):
+    # prepare: ann made a session sharing weights on a server that then went away
+    config = session_made_by_ann(tmp_path, share="weights")
+    with participant(
+        f"127.0.0.1:{config.port}", tmp_path / "bob", "bob", None, connect_timeout_s=1.0
+    ) as (engine, bob):
         bob.after_poll(engine.poll())
         deadline = time.monotonic() + 60
         with InProcessServer(config), pytest.raises(SyncError, match="has --share weights"):
