@@ -11,10 +11,10 @@ PIP := $(BIN)/python -m pip install --constraint $(LOCK)
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # Every extra, so one lock serves `make install` and `make bench` alike.
-EXTRAS := dev,plot,export,atari,video,box2d,bench
-INSTALL_EXTRAS := dev,plot,export,atari,video
+EXTRAS := dev,plot,export,atari,video,trading,box2d,bench
+INSTALL_EXTRAS := dev,plot,export,atari,video,trading
 
-.PHONY: install lock browser test test-all proto proto-check lint fmt typecheck bench demo clean
+.PHONY: install lock browser postgres test test-all proto proto-check lint fmt typecheck bench demo clean
 
 install: $(STAMP)
 
@@ -56,10 +56,28 @@ browser:
 		echo "      the dashboard's browser test will skip"; \
 	fi
 
-test: install browser
+# The trading env's PostgreSQL tests start a throwaway server of their own
+# (tests/support/postgres.py: initdb into a temp dir, pg_ctl on a free port), from
+# Debian's postgresql package, whose programs live in /usr/lib/postgresql/*/bin.
+# Installed where this runs as root with apt-get; elsewhere those tests skip and
+# say why. Installing the package may set up a system cluster: the tests never use it.
+POSTGRES_PACKAGES := postgresql
+APT_POSTGRES := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(POSTGRES_PACKAGES)
+postgres:
+	@if command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing $(POSTGRES_PACKAGES) for the trading env's PostgreSQL tests"; \
+		$(APT_POSTGRES) >/dev/null || { apt-get update -qq && $(APT_POSTGRES) >/dev/null; } \
+		|| echo "note: apt-get could not install it: the PostgreSQL tests will skip"; \
+	else \
+		echo "note: no PostgreSQL server programs, and installing them needs root and apt-get:"; \
+		echo "      the PostgreSQL tests will skip"; \
+	fi
+
+test: install browser postgres
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-test-all: install browser
+test-all: install browser postgres
 	$(BIN)/python -m pytest -m '' $(PYTEST_ARGS)
 
 proto: install

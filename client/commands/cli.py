@@ -35,6 +35,8 @@ from fedrl.client.commands.learners import (
     stop_on_signals,
     with_default_workers,
 )
+from fedrl.client.commands.market import label as market_label
+from fedrl.client.commands.market import prepare_market
 from fedrl.client.commands.plot import plot_command
 from fedrl.client.commands.progress import ProgressReporter, TrainingProgress, mean_epsilon
 from fedrl.client.commands.record import record_command
@@ -103,6 +105,7 @@ def main(ctx: click.Context, /, config: TrainConfig) -> None:
             return
         if config.offline and not config.participant_id:
             raise click.UsageError("--participant-id is required to train")
+        config = prepare_market(config)
         if not config.offline:
             config = resolve_participant_id(config)
         if place is not None and ranked:
@@ -391,7 +394,9 @@ def _start(
     """Starts the engine and the progress lines; this run's --episodes count from `start`."""
     engine.start()
     start = engine.counters.episodes
-    reporter = ProgressReporter(interval_s=config.log_interval)
+    market = market_label(config)
+    description = "train" if market is None or not market.synthetic else f"train {market.tag}"
+    reporter = ProgressReporter(interval_s=config.log_interval, description=description)
     progress = TrainingProgress(
         reporter,
         target=start + config.episodes,
@@ -452,7 +457,13 @@ def open_state_dir(config: TrainConfig, engine: TrainingEngine) -> StateDir:
     try:
         logdir = tensorboard_dir(config.tensorboard, config.state_dir, config.participant_id)
         events = None if logdir is None else TrainingEvents(logdir, epsilon=_epsilon(config))
-        return StateDir(config.state_dir, config.participant_id, identity, events=events)
+        return StateDir(
+            config.state_dir,
+            config.participant_id,
+            identity,
+            events=events,
+            market=market_label(config),
+        )
     except BaseException:
         engine.close()
         raise

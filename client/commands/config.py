@@ -28,6 +28,7 @@ from fedrl.client.training.policy_network import ppo_architecture_name
 from fedrl.client.training.ppo_learner import PPOConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.common.config_cli import doc, section
+from fedrl.envs.market_source import MarketSource
 
 Role = Literal["learner", "actor"]
 """Whether a participant trains (learner) or only acts for the session's learners (actor)."""
@@ -229,6 +230,10 @@ class TrainConfig:
     exchange: ExchangeConfig = field(
         default_factory=ExchangeConfig,
         metadata=section("Experience exchange with the session (federated DQN runs only)."),
+    )
+    market: MarketSource = field(
+        default_factory=MarketSource,
+        metadata=section("fedrl/Trading-v0: which bars of --data to trade."),
     )
 
     def __post_init__(self) -> None:
