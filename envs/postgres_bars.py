@@ -391,7 +391,9 @@ def _stream(connection: Any, statement: Any, params: list[Any]) -> Iterable[memo
         yield from copy
 
 
-def _parse_rows(blocks: Iterable[memoryview], dtype: np.dtype[Any], what: str) -> np.ndarray[Any, Any]:
+def _parse_rows(
+    blocks: Iterable[memoryview], dtype: np.dtype[Any], what: str
+) -> np.ndarray[Any, Any]:
     """Fixed-width binary COPY rows as one structured array.
 
     The server sends a message per row; they are gathered into chunks of about

@@ -84,6 +84,8 @@ SESSIONS_DIR = "sessions"
 DEFAULT_SESSION = "default"
 ACCEPTED_DELTA_DTYPES = (tpb.DTYPE_FLOAT32, tpb.DTYPE_FLOAT16, tpb.DTYPE_BFLOAT16)
 MAX_DIMS = 32
+MAX_DATA_SOURCE_CHARS = 1_000
+"""A data source is a URL and a table or query name: a line, never a document."""
 """Dimensions a spec's tensor or observation space may have: more than any network uses, and
 few enough that sizes and messages stay small (a Join naming 5,000 dimensions of 2^62 each
 made the size's decimal form too long for Python to print, answering UNKNOWN)."""
@@ -298,9 +300,17 @@ class Federation:
         spec: tpb.ModelSpec,
         claimed_hash: str,
         mode: str = "",
+        *,
+        data: tuple[str, bool] = ("", False),
     ) -> JoinResult:
+        """`data`: what the participant trains on (source, synthetic), for status."""
         name = validate_session_name(session_name)
         pid = validate_id(participant_id)
+        source, synthetic = data
+        if len(source) > MAX_DATA_SOURCE_CHARS:
+            raise InvalidRequestError(
+                f"data_source has {len(source)} characters; at most {MAX_DATA_SOURCE_CHARS}"
+            )
         mode = mode or FEDERATED
         if mode not in (FEDERATED, POPULATION):
             raise InvalidRequestError(
@@ -329,6 +339,7 @@ class Federation:
             )
         now = now_ms()
         await self._db(lambda db: db.touch_participant(name, pid, "active", now))
+        await self._db(lambda db: db.set_participant_data(name, pid, source, synthetic))
         experience_sequence = await self._db(lambda db: db.last_experience_sequence(name, pid))
         session.participants.add(pid)
         session.active.add(pid)

@@ -121,9 +121,19 @@ CREATE TABLE IF NOT EXISTS quarantined (
 -- Covers the env steps per version of the status view (each version's place on
 -- the learning curve), so that sum reads the index alone.
 CREATE INDEX IF NOT EXISTS acks_by_version ON acks (session, applied_version, env_steps);
+-- What each participant trains on, as its latest Join said (a trading run's
+-- market, and whether its bars are synthetic).
+CREATE TABLE IF NOT EXISTS participant_data (
+    session TEXT NOT NULL,
+    participant_id TEXT NOT NULL,
+    source TEXT NOT NULL,
+    synthetic INTEGER NOT NULL,
+    PRIMARY KEY (session, participant_id)
+);
 """
-# quarantined came after schema version 1 shipped; CREATE TABLE IF NOT EXISTS
-# adds it to an older database as it opens, so the version need not change.
+# quarantined and participant_data came after schema version 1 shipped; CREATE
+# TABLE IF NOT EXISTS adds them to an older database as it opens, so the version
+# need not change.
 
 
 @dataclass(frozen=True)
@@ -321,6 +331,18 @@ class StateDB:
                 "ON CONFLICT (session, participant_id) "
                 "DO UPDATE SET last_seen_ms=excluded.last_seen_ms, status=excluded.status",
                 (session, participant_id, now_ms, now_ms, status),
+            )
+
+    def set_participant_data(
+        self, session: str, participant_id: str, source: str, synthetic: bool
+    ) -> None:
+        """What the participant trains on, as its Join said."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO participant_data (session, participant_id, source, synthetic) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (session, participant_id) "
+                "DO UPDATE SET source=excluded.source, synthetic=excluded.synthetic",
+                (session, participant_id, source, int(synthetic)),
             )
 
     def is_participant(self, session: str, participant_id: str) -> bool:
@@ -572,8 +594,16 @@ class StateDB:
             (row.name,),
         ).fetchall()
         experience = participant_counts(self._conn, row.name)
+        data = {
+            pid: (source, bool(synthetic))
+            for pid, source, synthetic in self._conn.execute(
+                "SELECT participant_id, source, synthetic FROM participant_data WHERE session=?",
+                (row.name,),
+            )
+        }
         for pid, first, last, status, eps, steps, acc, rej, dup, best_eval in participants:
             batches, rejected = experience.get(pid, (0, 0))
+            source, synthetic = data.get(pid, ("", False))
             item = state.participants.add(
                 participant_id=pid,
                 first_seen_unix_ms=first,
@@ -586,6 +616,8 @@ class StateDB:
                 updates_duplicate=dup,
                 experience_batches=batches,
                 experience_rejected=rejected,
+                data_source=source,
+                synthetic_data=synthetic,
             )
             if best_eval is not None:
                 item.best_eval_return = best_eval

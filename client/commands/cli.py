@@ -35,8 +35,8 @@ from fedrl.client.commands.learners import (
     stop_on_signals,
     with_default_workers,
 )
+from fedrl.client.commands.market import SYNTHETIC_TAG, prepare_market
 from fedrl.client.commands.market import label as market_label
-from fedrl.client.commands.market import prepare_market
 from fedrl.client.commands.plot import plot_command
 from fedrl.client.commands.progress import ProgressReporter, TrainingProgress, mean_epsilon
 from fedrl.client.commands.record import record_command
@@ -224,6 +224,7 @@ def train_federated(config: TrainConfig, ranks: RankGroup | None = None) -> Coun
             exchange=config.exchange,
             target_at_adoption=config.target_at_adoption,
             on_record=lambda record: state.append_metrics([record]),
+            data=market_label(config),
         )
         run.closes_first(sync)
         joined = sync.start()
@@ -395,7 +396,7 @@ def _start(
     engine.start()
     start = engine.counters.episodes
     market = market_label(config)
-    description = "train" if market is None or not market.synthetic else f"train {market.tag}"
+    description = "train" if market is None or not market.synthetic else f"train {SYNTHETIC_TAG}"
     reporter = ProgressReporter(interval_s=config.log_interval, description=description)
     progress = TrainingProgress(
         reporter,

@@ -21,10 +21,10 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from fedrl.client.commands.config import TrainConfig
+from fedrl.client.federation.federation_client import DataLabel
 from fedrl.envs.columnar_bars import market_label, write_market
 from fedrl.envs.market_source import MarketSource, load_market_data
 from fedrl.envs.postgres_bars import check_no_password, describe_url, is_postgres_url
@@ -34,19 +34,8 @@ from fedrl.envs.trading_config import TradingConfig
 logger = logging.getLogger(__name__)
 
 CACHE_DIR = "market-cache"
-
-
-@dataclass(frozen=True)
-class MarketLabel:
-    """What a trading run trains on, as every place that shows the run says it."""
-
-    source: str
-    synthetic: bool
-
-    @property
-    def tag(self) -> str:
-        """A word for progress lines: loud when the bars are not prices."""
-        return "SYNTHETIC-DATA" if self.synthetic else ""
+SYNTHETIC_TAG = "SYNTHETIC-DATA"
+"""What progress lines say of a run on synthetic bars."""
 
 
 def prepare_market(config: TrainConfig) -> TrainConfig:
@@ -88,17 +77,17 @@ def prepare_market(config: TrainConfig) -> TrainConfig:
     return _with_data(config, target)
 
 
-def label(config: TrainConfig) -> MarketLabel | None:
+def label(config: TrainConfig) -> DataLabel | None:
     """What `config` (as prepare_market left it) trains on; None for other envs."""
     if config.engine.env != ENV_ID:
         return None
     data = config.engine.data
     if data is None:
-        return MarketLabel("synthetic market (no --data given)", synthetic=True)
+        return DataLabel("synthetic market (no --data given)", synthetic=True)
     if is_postgres_url(data):
-        return MarketLabel(describe_url(data), synthetic=False)
+        return DataLabel(describe_url(data), synthetic=False)
     source, synthetic = market_label(Path(data))
-    return MarketLabel(source, synthetic)
+    return DataLabel(source, synthetic)
 
 
 def _with_data(config: TrainConfig, path: Path) -> TrainConfig:

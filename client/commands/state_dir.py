@@ -33,8 +33,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from fedrl.client.commands.market import MarketLabel
 from fedrl.client.commands.training_events import TrainingEvents
+from fedrl.client.federation.federation_client import DataLabel
 from fedrl.client.training.engine import Counters, PollResult, TrainingEngine
 from fedrl.common.durable_files import write_atomically
 from fedrl.common.identity import safe_dirname, validate_participant_id
@@ -81,7 +81,7 @@ class StateDir:
         identity: ModelIdentity,
         *,
         events: TrainingEvents | None = None,
-        market: MarketLabel | None = None,
+        market: DataLabel | None = None,
     ) -> None:
         self.participant_id = validate_participant_id(participant_id)
         self._market = market

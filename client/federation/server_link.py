@@ -45,7 +45,7 @@ from fedrl.client.federation.errors import (
     SyncError,
     UnavailableError,
 )
-from fedrl.client.federation.federation_client import FederationClient
+from fedrl.client.federation.federation_client import DataLabel, FederationClient
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
 
@@ -106,8 +106,11 @@ class ServerLink:
         session: str,
         spec: tpb.ModelSpec,
         backoff: BackoffPolicy,
+        data: DataLabel | None = None,
     ) -> None:
+        """`data`: what this participant trains on, told to the server at every Join."""
         self._channel_factory = channel_factory
+        self._data = data
         self._participant_id = participant_id
         self._session = session
         self._spec = spec
@@ -297,7 +300,7 @@ class ServerLink:
 
     async def _join_only(self) -> pb.JoinReply:
         try:
-            return await self.client.join(self._spec)
+            return await self.client.join(self._spec, data=self._data)
         except SpecMismatchError as exc:
             raise SyncError(str(exc)) from None
 
