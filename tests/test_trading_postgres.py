@@ -9,8 +9,6 @@ broken table gives a one-line error that names the problem.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ import torch
 from click.testing import CliRunner
 
 from fedrl.client.commands.backtest import make_backtest_command
+from fedrl.client.commands.cli import main
 from fedrl.envs.bars import MarketData, MarketDataError, MarketDataUnavailableError
 from fedrl.envs.market_source import MarketSource, load_market_data
 from fedrl.envs.synthetic import synthetic_bars
@@ -32,7 +31,6 @@ psycopg = pytest.importorskip("psycopg", reason="the trading extra (psycopg) is 
 
 SYMBOLS = ("AAPL", "MSFT", "NVDA")
 BARS = 10_000
-CLIENT = Path(sys.executable).with_name("fedrl-client")
 
 
 def copy_rows(
@@ -240,43 +238,24 @@ def test_an_unreachable_server_is_unavailable() -> None:
 
 
 def test_the_client_trains_evaluates_and_backtests_on_the_tables(
-    server: Postgres, tmp_path: Path
+    server: Postgres, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     state_dir = tmp_path / "state"
-    env = {"PGPASSWORD": PASSWORD, "PATH": "/usr/bin:/bin"}
     data = ["--data", server.url(), "--indicator-table", "technical_indicators"]
 
-    run = subprocess.run(
-        [
-            str(CLIENT),
-            "--offline",
-            "--participant-id",
-            "p",
-            "--state-dir",
-            str(state_dir),
-            "--env",
-            "fedrl/Trading-v0",
-            *data,
-            "--episodes",
-            "6",
-            "--workers",
-            "0",
-            "--eval-interval",
-            "600",
-            "--eval-episodes",
-            "2",
-            "--learning-starts",
-            "200",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-        env=env,
-    )
+    with caplog.at_level("WARNING"):
+        run = CliRunner().invoke(
+            main,
+            [
+                "--offline", "--participant-id", "p", "--state-dir", str(state_dir),
+                "--env", "fedrl/Trading-v0", *data, "--episodes", "2", "--workers", "0",
+                "--envs-per-worker", "2", "--learning-starts", "128", "--eval-interval", "256",
+                "--eval-episodes", "1",
+            ],
+        )  # fmt: skip
 
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "read 30000 bars of 3 symbol(s)" in run.stderr
+    assert run.exit_code == 0, run.output
+    assert "read 30000 bars of 3 symbol(s)" in caplog.text
     assert len(list((state_dir / "market-cache").glob("*.parquet"))) == 1
     records = [json.loads(line) for line in (state_dir / "p" / "metrics.jsonl").open()]
     assert any(r.get("kind") == "eval" for r in records), records[-3:]
@@ -288,7 +267,6 @@ def test_the_client_trains_evaluates_and_backtests_on_the_tables(
     result = CliRunner().invoke(
         make_backtest_command(),
         ["--model", str(state_dir / "p" / "model.pt"), *data, "--out", str(tmp_path / "e.png")],
-        env={"PGPASSWORD": PASSWORD},
     )
 
     assert result.exit_code == 0, result.output

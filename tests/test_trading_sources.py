@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,10 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from click.testing import CliRunner, Result
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyarrow import feather
 
+from fedrl.client.commands.cli import main
 from fedrl.envs.bars import MarketDataError, MarketDataUnavailableError
 from fedrl.envs.columnar_bars import load_columnar
 from fedrl.envs.features import FEATURE_NAMES, WARMUP
@@ -25,7 +25,6 @@ from fedrl.envs.trading import TradingEnv
 from fedrl.envs.trading_vector import TradingVectorEnv
 from tests.support.ports import free_port
 
-CLIENT = Path(sys.executable).with_name("fedrl-client")
 N = 1_200
 SYMBOLS = ("BBB", "AAA")  # out of order on purpose: markets keep symbols sorted
 
@@ -288,30 +287,16 @@ def test_a_missing_file_is_an_error_even_with_the_fallback(tmp_path: Path) -> No
         )
 
 
-def train(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+def train(tmp_path: Path, *extra: str) -> Result:
+    """The client's training command, in this process (the env is registered already)."""
+    return CliRunner().invoke(
+        main,
         [
-            str(CLIENT),
-            "--offline",
-            "--participant-id",
-            "p",
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--env",
-            "fedrl/Trading-v0",
-            "--episodes",
-            "2",
-            "--workers",
-            "0",
-            "--eval-interval",
-            "0",
-            *extra,
+            "--offline", "--participant-id", "p", "--state-dir", str(tmp_path / "state"),
+            "--env", "fedrl/Trading-v0", "--episodes", "1", "--workers", "0",
+            "--envs-per-worker", "1", "--learning-starts", "128", "--eval-interval", "0", *extra,
         ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    )  # fmt: skip
 
 
 def test_only_fallback_synthetic_trains_on_synthetic_bars_when_data_is_given(
@@ -323,10 +308,10 @@ def test_only_fallback_synthetic_trains_on_synthetic_bars_when_data_is_given(
     trained_nothing = not (tmp_path / "state" / "p").exists()
     fallen = train(tmp_path, "--data", down, "--fallback", "synthetic", "--log-interval", "0.01")
 
-    assert refused.returncode == 1 and "cannot reach the server" in refused.stderr
-    assert "--fallback synthetic" in refused.stderr and trained_nothing
-    assert fallen.returncode == 0, fallen.stderr
-    assert "train SYNTHETIC-DATA" in fallen.stderr
+    assert refused.exit_code == 1 and "cannot reach the server" in refused.output
+    assert "--fallback synthetic" in refused.output and trained_nothing
+    assert fallen.exit_code == 0, fallen.output
+    assert "train SYNTHETIC-DATA" in fallen.output
     records = [json.loads(line) for line in (tmp_path / "state/p/metrics.jsonl").open()]
     assert records and all(r["synthetic_data"] is True for r in records)
     saved = torch.load(tmp_path / "state/p/model.pt", weights_only=True)
