@@ -14,6 +14,7 @@ file's metadata: the market cache a training run reads its database bars from.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -210,6 +211,7 @@ def write_market(market: MarketData, path: Path) -> None:
             _SYNTHETIC_KEY: b"true" if market.synthetic else b"false",
         }
     )
-    partial = path.with_name(path.name + ".partial")
+    # A name of this process's own: learner ranks may write the same market at once.
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     pq.write_table(table, partial)
     partial.replace(path)

@@ -198,7 +198,7 @@ def _read(connection: Any, what: str, query: BarsQuery) -> MarketData:
         time_oid=time_oid,
     )
     blocks = _stream(connection, statement, params)
-    rows = _parse_rows(blocks, dtype, what)
+    rows = parse_rows(blocks, dtype, what)
     codes = rows["code"].astype(np.int64) - 1
     names = [*symbols] if symbols else [""]
 
@@ -377,13 +377,19 @@ def _copy_statement(
         join=join,
         where=where,
     )
+    return select, params, copy_row_dtype(indicators=len(joined), time_type=time_type)
+
+
+def copy_row_dtype(*, indicators: int, time_type: str) -> np.dtype[Any]:
+    """One binary COPY row of the SELECT above: a field count, then each field's length and
+    value (symbol code, time, open..volume, the indicators), big-endian."""
     fields = [("code", ">i4"), ("time", time_type)]
     fields += [(role, ">f8") for role in VALUE_COLUMNS]
-    fields += [(f"i{i}", ">f8") for i in range(len(joined))]
+    fields += [(f"i{i}", ">f8") for i in range(indicators)]
     layout: list[tuple[str, str]] = [("count", ">i2")]
     for name, kind in fields:
         layout += [(f"{name}_length", ">i4"), (name, kind)]
-    return select, params, np.dtype(layout)
+    return np.dtype(layout)
 
 
 def _stream(connection: Any, statement: Any, params: list[Any]) -> Iterable[memoryview]:
@@ -391,7 +397,7 @@ def _stream(connection: Any, statement: Any, params: list[Any]) -> Iterable[memo
         yield from copy
 
 
-def _parse_rows(
+def parse_rows(
     blocks: Iterable[memoryview], dtype: np.dtype[Any], what: str
 ) -> np.ndarray[Any, Any]:
     """Fixed-width binary COPY rows as one structured array.

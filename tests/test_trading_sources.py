@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from pyarrow import feather
 
 from fedrl.client.commands.cli import main
+from fedrl.envs import postgres_bars
 from fedrl.envs.bars import MarketDataError, MarketDataUnavailableError
 from fedrl.envs.columnar_bars import load_columnar
 from fedrl.envs.features import FEATURE_NAMES, WARMUP
@@ -317,3 +319,38 @@ def test_only_fallback_synthetic_trains_on_synthetic_bars_when_data_is_given(
     saved = torch.load(tmp_path / "state/p/model.pt", weights_only=True)
     assert saved["data"]["synthetic"] is True
     assert "cannot reach the server" in saved["data"]["source"]
+
+
+def copy_stream(rows: np.ndarray) -> bytes:
+    """PostgreSQL's binary COPY of `rows` (a structured array laid out as parse_rows reads)."""
+    header = b"PGCOPY\n\xff\r\n\x00" + b"\x00" * 8
+    return header + rows.tobytes() + b"\xff\xff"
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    count=st.integers(0, 300),
+    cuts=st.lists(st.integers(0, 10_000), max_size=12),
+    values=st.floats(allow_nan=True, allow_infinity=False, width=64),
+)
+def test_binary_copy_parses_the_same_whatever_the_message_boundaries(
+    count: int, cuts: list[int], values: float
+) -> None:
+    dtype = postgres_bars.copy_row_dtype(indicators=1, time_type=">i8")
+    rows = np.zeros(count, dtype=dtype)
+    for name in dtype.names or ():
+        if name.endswith("_length"):
+            rows[name] = dtype[name.removesuffix("_length")].itemsize
+    rows["count"] = (len(dtype.names or ()) - 1) // 2
+    rows["time"] = np.arange(count)
+    rows["close"] = values
+    stream = copy_stream(rows)
+    points = sorted({min(c, len(stream)) for c in cuts} | {0, len(stream)})
+    blocks = [memoryview(stream[a:b]) for a, b in itertools.pairwise(points)]
+
+    parsed = postgres_bars.parse_rows(blocks, dtype, "db")
+
+    for name in dtype.names or ():
+        np.testing.assert_array_equal(parsed[name], rows[name])
+    with pytest.raises(MarketDataError, match="ended mid-row"):
+        postgres_bars.parse_rows([memoryview(stream[:-3])], dtype, "db")
