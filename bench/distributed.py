@@ -7,7 +7,7 @@ steps, and reads the rates off rank 0's metrics.jsonl between the first
 training record and the last, so start-up and the replay's warm-up are not
 counted. Each update of N ranks learns from N batches, so samples/s
 (updates × N × batch) is the figure to compare; updates per env step stay at
-the replay ratio over N by design (fedrl.client.training.engine).
+the replay ratio over N by design (fedrl.client.training.replay_schedule).
 
 On a CPU-only machine with C cores the honest ceiling is C ranks' worth of
 cores shared by learners and envs: on 2 cores, 2 ranks cannot beat 1 by much.

@@ -207,9 +207,10 @@ from fedrl.client.federation.federation_client import FederationClient
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.sync_loop import Share, SyncLoop
 from fedrl.client.federation.sync_plan import SyncPlan, sync_plan
-from fedrl.client.training.engine import EngineConfig, TrainingEngine, available_cores
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig, available_cores
 from fedrl.client.training.evaluation import Evaluator, Scorer
-from fedrl.client.training.learner import TARGET_AT_ADOPTION, LearnerConfig, TargetAtAdoption
+from fedrl.client.training.learner_config import TARGET_AT_ADOPTION, LearnerConfig, TargetAtAdoption
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.policy_network import ppo_architecture_name
 from fedrl.client.training.ppo_learner import PPOConfig

@@ -87,7 +87,7 @@ import torch
 
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.evaluation import Evaluator, Scorer
-from fedrl.client.training.learner import TARGET_AT_ADOPTION, LearnerConfig, TargetAtAdoption
+from fedrl.client.training.learner_config import TARGET_AT_ADOPTION, LearnerConfig, TargetAtAdoption
 from fedrl.client.training.transitions import LearnerTransitions
 
 

@@ -28,7 +28,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedrl.client.training.learner import Learner, LearnerConfig, resolve_device
+from fedrl.client.training.device import resolve_device
+from fedrl.client.training.learner import Learner
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.q_network import build_q_network
 from fedrl.client.training.transitions import LearnerTransitions
 

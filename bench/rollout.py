@@ -27,8 +27,9 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.q_network import build_q_network
 from fedrl.client.training.vector_env import env_shape
 

@@ -39,9 +39,10 @@ from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.evaluation import Evaluator
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.policy_network import ActorCritic
 from fedrl.client.training.ppo_learner import PPOConfig
 

@@ -25,7 +25,7 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.env_util import make_vec_env
 
-from fedrl.client.training.engine import EngineConfig
+from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.ppo_learner import PPOConfig
 
 ENV = "Pendulum-v1"

@@ -12,7 +12,8 @@ from fedrl.client.training.architecture import (
     infer_architecture,
 )
 from fedrl.client.training.cnn import NatureCNN, is_image
-from fedrl.client.training.learner import Learner, LearnerConfig
+from fedrl.client.training.learner import Learner
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.policy_network import build_actor_critic, ppo_architecture_name
 from fedrl.client.training.ppo_learner import PPOConfig, PPOLearner

@@ -19,12 +19,13 @@ import pytest
 from click.testing import CliRunner
 
 from fedrl.client.commands.backtest import BacktestConfig, backtest
+from fedrl.client.commands.check.command import check_command
+from fedrl.client.commands.check.config import CheckConfig
 from fedrl.client.commands.cli import main as client_main
 from fedrl.client.commands.config import TrainConfig
 from fedrl.client.commands.export import ExportConfig, export_command
 from fedrl.client.commands.plot import PlotConfig, plot_command
 from fedrl.client.commands.record import RecordConfig, record_command
-from fedrl.client.commands.system_check import CheckConfig, check_command
 from fedrl.common.config_cli import doc, section, takes_config
 from fedrl.server.cli import (
     RaiseGoalConfig,

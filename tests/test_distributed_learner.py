@@ -24,7 +24,8 @@ from fedrl.client.training.distributed import (
     RoundLedger,
     outcome_of,
 )
-from fedrl.client.training.learner import Learner, LearnerConfig
+from fedrl.client.training.learner import Learner
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.ppo_learner import PPOConfig, PPOLearner
 from fedrl.client.training.replay import SampledBatch

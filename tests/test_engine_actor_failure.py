@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from fedrl.client.training.engine import ActorFailureError, EngineConfig, TrainingEngine
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.actor_pool import ActorFailureError
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
+from fedrl.client.training.learner_config import LearnerConfig
 
 SHM = Path("/dev/shm")
 LEARNER = LearnerConfig(device="cpu", hidden=(16,), batch_size=8, learning_starts=100)

@@ -8,8 +8,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.vector_env import make_vector_env
 
 SHM = Path("/dev/shm")

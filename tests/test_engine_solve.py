@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
+from fedrl.client.training.learner_config import LearnerConfig
 
 STEP_BUDGET = 60_000
 

@@ -16,7 +16,7 @@ from fedrl.client.commands.state_dir import (
     StateDir,
     StateError,
 )
-from fedrl.client.training.engine import Counters
+from fedrl.client.training.counters import Counters
 
 IDENTITY = ModelIdentity(env="CartPole-v1", architecture="dqn/dueling-mlp-8")
 

@@ -23,10 +23,12 @@ from fedrl.client.federation.experience_sync import (
     PacedCredit,
     UnsentTransitions,
 )
-from fedrl.client.federation.outbox import Entry, Outbox
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
+from fedrl.client.federation.outbox import Outbox
+from fedrl.client.federation.outbox_file import Entry
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.experience_conversion import to_experience, to_transitions
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.experience import BatchAssembler
 from tests.support.experience import GAMMA, SPEC_HASH, Server, cartpole_spec, make_batch

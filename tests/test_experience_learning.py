@@ -19,7 +19,8 @@ import torch
 
 from fedrl.client.federation.experience_client import ExperienceClient
 from fedrl.client.training.experience_conversion import to_experience, to_transitions
-from fedrl.client.training.learner import Learner, LearnerConfig
+from fedrl.client.training.learner import Learner
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.experience import ExperienceBatch, batch_messages
 from tests.support.experience import CONFIG, SPEC_HASH, Server, cartpole_spec

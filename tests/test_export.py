@@ -14,7 +14,7 @@ from torch import nn
 from fedrl.client.commands import export
 from fedrl.client.commands.export import ExportConfig, ExportError, compare_actions, export_model
 from fedrl.client.commands.state_dir import ModelIdentity, StateDir
-from fedrl.client.training.engine import Counters
+from fedrl.client.training.counters import Counters
 from fedrl.client.training.q_network import architecture_name, build_q_network, named_arrays
 from fedrl.server.model_store import ModelStore
 

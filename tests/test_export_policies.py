@@ -14,7 +14,7 @@ from fedrl.client.commands.backtest import WindowedPolicy, load_policy, run_back
 from fedrl.client.commands.export import ExportConfig, ExportError, compare_policy, export_model
 from fedrl.client.commands.state_dir import ModelIdentity, StateDir
 from fedrl.client.training.architecture import infer_architecture
-from fedrl.client.training.engine import Counters
+from fedrl.client.training.counters import Counters
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.obs_window import windowed_shape
 from fedrl.client.training.policy_network import GreedyPolicy, build_actor_critic

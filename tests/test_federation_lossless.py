@@ -17,8 +17,10 @@ from fedrl.client.federation.sync_loop import SyncLoop
 from fedrl.client.federation.sync_plan import SyncPlan
 from fedrl.client.federation.sync_state import InFlight, NamedArrays
 from fedrl.client.federation.weight_sync import rebase
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
-from fedrl.client.training.learner import Learner, LearnerConfig
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
+from fedrl.client.training.learner import Learner
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.proto.v1 import federation_pb2 as pb
 from tests.support.offline import assert_same_weights, offline_weights

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from fedrl.client.commands.check.recommendation import Recommendation, with_capacity
 from fedrl.client.commands.cli import main
 from fedrl.client.commands.config import TrainConfig
 from fedrl.client.commands.game_defaults import GAME_LEARNER, GAME_PPO, with_game_defaults
-from fedrl.client.commands.system_check import Recommendation, with_capacity
 from fedrl.client.training import memory
-from fedrl.client.training.engine import EngineConfig
+from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.frame_replay import FrameReplay
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.memory import fitting_capacity, replay_bytes, stacked_bytes
 from fedrl.client.training.replay import PrioritizedReplay
 

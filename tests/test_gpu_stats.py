@@ -10,16 +10,12 @@ from __future__ import annotations
 import io
 import types
 
+from fedrl.client.commands.check.facts import Machine, machine_facts
+from fedrl.client.commands.check.recommendation import Recommendation
+from fedrl.client.commands.check.report import Report, render
 from fedrl.client.commands.gpu_stats import READ_EVERY_S, GpuMonitor
 from fedrl.client.commands.progress import ProgressReporter, TrainingProgress
-from fedrl.client.commands.system_check import (
-    Machine,
-    Recommendation,
-    Report,
-    machine_facts,
-    render,
-)
-from fedrl.client.training.engine import Counters, PollResult
+from fedrl.client.training.counters import Counters, PollResult
 from tests.support.fake_nvml import fake_nvml
 
 

@@ -19,8 +19,10 @@ import pytest
 import torch
 
 from fedrl.client.training.distributed import RankGroup, RankPlace
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
-from fedrl.client.training.learner import Learner, LearnerConfig
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
+from fedrl.client.training.learner import Learner
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.transitions import LearnerTransitions
 from tests.support.ranks import run_two_ranks
 

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedrl.client.training.learner import Learner, LearnerConfig, resolve_device
+from fedrl.client.training.device import resolve_device
+from fedrl.client.training.learner import Learner
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.replay import PrioritizedReplay
 from fedrl.client.training.transitions import LearnerTransitions
 

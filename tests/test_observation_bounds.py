@@ -23,9 +23,10 @@ from fedrl.client.federation.experience_cursor import CursorFile
 from fedrl.client.federation.experience_sync import ExchangeConfig, ExperienceSync
 from fedrl.client.federation.observation_bounds import ObservationBounds
 from fedrl.client.federation.outbox import Outbox
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.experience_conversion import to_experience, to_transitions
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.experience import ExperienceBatch
 from fedrl.proto.v1 import tensor_pb2 as tpb

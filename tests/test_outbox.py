@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from fedrl.client.federation.federation_client import build_update
-from fedrl.client.federation.outbox import Outbox, OutboxError, OutboxLimits, update_messages
+from fedrl.client.federation.outbox import Outbox, OutboxLimits
+from fedrl.client.federation.outbox_file import OutboxError
+from fedrl.client.federation.update_entries import update_messages
 from fedrl.common.chunking import assemble
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb

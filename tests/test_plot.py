@@ -20,8 +20,9 @@ from fedrl.client.commands.plot import (
     step_rates,
 )
 from fedrl.client.commands.state_dir import Autosaver, ModelIdentity, StateDir
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.common.status_file import status_to_json
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.server.cli import main as fedrl_server

@@ -12,8 +12,9 @@ from click.testing import CliRunner
 from fedrl.client.commands.cli import main
 from fedrl.client.commands.config import TrainConfig
 from fedrl.client.federation.model_spec import model_spec
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from tests.support.population import (
     DQN_VALUES,
     enroll,

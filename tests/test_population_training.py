@@ -19,8 +19,9 @@ import pytest
 
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.population import PopulationMember
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.common.hyperparameters import PERTURB_FACTORS, SEARCH_SPACE

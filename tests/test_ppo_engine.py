@@ -7,8 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.ppo_learner import PPOConfig, PPOLearner
 
 SMALL = PPOConfig(device="cpu", rollout_steps=16, epochs=2, minibatch_size=32, ppo_hidden=(16,))
@@ -81,7 +82,7 @@ def test_a_resumed_learner_continues_the_same_schedule_and_minibatch_order() -> 
     config = EngineConfig(env="CartPole-v1", workers=0, envs_per_worker=4, eval_interval=0)
     ppo = dataclasses.replace(SMALL, anneal_steps=1_000)
     with TrainingEngine(config, ppo) as engine:
-        core = engine._serial
+        core = engine._schedule.pool.serial
         assert core is not None
         rollouts = [core.collect().rollout for _ in range(3)]  # type: ignore[union-attr]
     straight, first = (

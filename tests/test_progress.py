@@ -16,9 +16,11 @@ from fedrl.client.commands.progress import (
     mean_epsilon,
 )
 from fedrl.client.federation.server_link import ServerView
-from fedrl.client.training.engine import Counters, EngineConfig, PollResult, TrainingEngine
+from fedrl.client.training.counters import Counters, PollResult
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.evaluation import EvalResult
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.proto.v1 import federation_pb2 as pb
 from tests.support.fake_nvml import fake_nvml
 

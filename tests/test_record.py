@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from fedrl.client.commands.cli import main
 from fedrl.client.commands.state_dir import ModelIdentity, StateDir
 from fedrl.client.commands.video import VideoWriter, count_frames, scale, with_caption
-from fedrl.client.training.engine import Counters
+from fedrl.client.training.counters import Counters
 from fedrl.client.training.q_network import build_q_network, named_arrays
 
 

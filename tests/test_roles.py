@@ -16,7 +16,8 @@ from fedrl.client.commands.config import TrainConfig
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.sync_loop import SyncLoop
 from fedrl.client.training.distributed import RankGroup, RankPlace
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
 from fedrl.proto.v1 import federation_pb2 as pb
 from tests.support.experience import Server
 from tests.support.participant import SMALL, participant

@@ -17,7 +17,7 @@ from fedrl.client.federation.sync_plan import ROUND_STEPS as DEFAULT_ROUND_STEPS
 from fedrl.client.federation.sync_plan import ROUND_WAIT_S, SyncPlan
 from fedrl.client.federation.sync_state import NamedArrays
 from fedrl.client.training.engine import TrainingEngine
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from tests.support.experience import Server
 from tests.support.offline import assert_same_weights, offline_weights
 from tests.support.participant import participant

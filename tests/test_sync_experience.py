@@ -23,8 +23,9 @@ from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.outbox import Outbox
 from fedrl.client.federation.sync_loop import Share, SyncLoop
 from fedrl.client.federation.sync_plan import SyncPlan
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.config_cli import config_from_options

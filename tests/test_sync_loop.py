@@ -22,8 +22,9 @@ from fedrl.client.federation.outbox import Outbox
 from fedrl.client.federation.sync_loop import SyncLoop
 from fedrl.client.federation.sync_plan import SyncPlan
 from fedrl.client.federation.sync_state import SyncState, load_sync_state, save_sync_state
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb

@@ -14,8 +14,9 @@ from fedrl.client.commands.config import TrainConfig
 from fedrl.client.federation.sync_loop import SyncLoop
 from fedrl.client.federation.sync_plan import SyncPlan
 from fedrl.client.federation.sync_state import NamedArrays
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.proto.v1 import federation_pb2 as pb
 from tests.support.offline import assert_same_weights, offline_weights
 from tests.support.participant import participant

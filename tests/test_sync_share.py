@@ -13,7 +13,7 @@ from fedrl.client.commands.config import TrainConfig
 from fedrl.client.federation.experience_client import KIND
 from fedrl.client.federation.outbox import Outbox
 from fedrl.client.federation.sync_loop import shares_experience
-from fedrl.client.federation.weight_sync import UPDATE
+from fedrl.client.federation.update_entries import UPDATE
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.common.config_cli import config_from_options
 from fedrl.proto.v1 import federation_pb2 as pb

@@ -13,20 +13,14 @@ import pytest
 from click.testing import CliRunner
 from grpc_health.v1 import health, health_pb2_grpc
 
-from fedrl.client.commands.system_check import (
-    QUICK_BATCH_SIZES,
-    QUICK_ENV_WIDTHS,
-    CheckConfig,
-    UpdateProbe,
-    WidthProbe,
-    check_command,
-    check_server,
-    probe_workers,
-    recommend,
-    recommend_ppo,
-)
+from fedrl.client.commands.check.command import check_command
+from fedrl.client.commands.check.config import QUICK_BATCH_SIZES, QUICK_ENV_WIDTHS, CheckConfig
+from fedrl.client.commands.check.env_probes import WidthProbe, probe_workers
+from fedrl.client.commands.check.learner_probes import UpdateProbe
+from fedrl.client.commands.check.recommendation import recommend, recommend_ppo
+from fedrl.client.commands.check.server_probe import check_server
 from fedrl.client.federation.channel import ConnectionSecurity
-from fedrl.client.training.engine import available_cores
+from fedrl.client.training.engine_config import available_cores
 from fedrl.common.tls import (
     CertifiedKey,
     ParticipantBundle,
@@ -65,6 +59,11 @@ def test_quick_check_json_recommends_settings_it_measured() -> None:
     assert all(w["actor_steps_per_s"] > 0 for w in report["widths"])
     assert all(u["updates_per_s"] > 0 for u in report["updates"])
     assert report["server"] is None
+    # Progress goes to stderr, as plain lines where that is no terminal: stdout stays JSON.
+    steps = 1 + 2 * len(QUICK_ENV_WIDTHS) + len(report["updates"])
+    progress = result.stderr.splitlines()
+    assert progress and all(line.startswith("check done=") for line in progress)
+    assert f"done={steps}/{steps}" in progress[-1]
 
 
 @pytest.mark.timeout(180)

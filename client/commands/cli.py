@@ -23,6 +23,7 @@ import grpc
 from click.core import ParameterSource
 
 from fedrl.client.commands.backtest import backtest
+from fedrl.client.commands.check.command import check_command
 from fedrl.client.commands.config import TrainConfig, check_algorithm_options
 from fedrl.client.commands.export import export_command
 from fedrl.client.commands.game_defaults import describe, with_game_defaults
@@ -41,7 +42,6 @@ from fedrl.client.commands.plot import plot_command
 from fedrl.client.commands.progress import ProgressReporter, TrainingProgress, mean_epsilon
 from fedrl.client.commands.record import record_command
 from fedrl.client.commands.state_dir import Autosaver, ModelIdentity, StateDir, StateError
-from fedrl.client.commands.system_check import check_command
 from fedrl.client.commands.training_events import TrainingEvents, tensorboard_dir
 from fedrl.client.federation.channel import ChannelSecurityError
 from fedrl.client.federation.errors import ServerCallError, SyncError
@@ -49,8 +49,9 @@ from fedrl.client.federation.federation_client import FederationClient
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.population import PopulationError, PopulationMember
 from fedrl.client.federation.sync_loop import SyncLoop
+from fedrl.client.training.counters import Counters, PollResult
 from fedrl.client.training.distributed import RankFailureError, RankGroup, RankPlace
-from fedrl.client.training.engine import Counters, PollResult, TrainingEngine
+from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.learner import Learner
 from fedrl.client.training.memory import memory_use
 from fedrl.common.config_cli import config_options, refuse_options_before_a_command, takes_config

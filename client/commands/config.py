@@ -21,8 +21,8 @@ from fedrl.client.federation.channel import ConnectionSecurity
 from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.federation.sync_loop import Share
 from fedrl.client.federation.sync_plan import ROUNDS_FROM, SyncPlan, sync_plan
-from fedrl.client.training.engine import EngineConfig
-from fedrl.client.training.learner import LearnerConfig, TargetAtAdoption
+from fedrl.client.training.engine_config import EngineConfig
+from fedrl.client.training.learner_config import LearnerConfig, TargetAtAdoption
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.policy_network import ppo_architecture_name
 from fedrl.client.training.ppo_learner import PPOConfig

@@ -35,8 +35,10 @@ import click
 import numpy as np
 
 from fedrl.client.commands.config import TrainConfig
+from fedrl.client.training.actor_pool import describe_exit
 from fedrl.client.training.distributed import RankFailureError, RankGroup, RankPlace, rank_device
-from fedrl.client.training.engine import TrainingEngine, available_cores, describe_exit
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import available_cores
 
 Train = Callable[[TrainConfig, RankGroup], object]
 SignalHandlers = dict[int, Any]

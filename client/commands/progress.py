@@ -17,14 +17,14 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from tqdm import tqdm
 
 from fedrl.client.commands.gpu_stats import GpuMonitor
-from fedrl.client.training.engine import Counters, PollResult
+from fedrl.client.training.counters import Counters, PollResult
 from fedrl.client.training.exploration import apex_epsilons
 from fedrl.common.closing import Closing
 
@@ -46,6 +46,8 @@ class ProgressField:
     """What it means, for the README's table."""
     digits: int
     """Decimals shown; 0 for counts."""
+    on_bar: bool = True
+    """Shown on the terminal bar too; False for what tqdm's own counters already show."""
 
 
 PROGRESS_FIELDS: tuple[ProgressField, ...] = (
@@ -90,6 +92,11 @@ PROGRESS_FIELDS: tuple[ProgressField, ...] = (
 FIELDS_BY_NAME: Mapping[str, ProgressField] = {f.name: f for f in PROGRESS_FIELDS}
 
 
+def _plain(value: str) -> str:
+    """A value as one `key=value` token: quoted where it holds a space."""
+    return f'"{value}"' if " " in value else value
+
+
 def format_value(field: ProgressField, value: FieldValue) -> str:
     """A field's value as shown: "-" while unknown, thousands as "12.3k" only on the bar."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
@@ -115,12 +122,19 @@ class ProgressReporter(Closing):
     `update` may be called every poll (tens of times a second): the bar is
     redrawn at most every `redraw_s`, the plain line written at most every
     `interval_s` (or at once with `force=True`, e.g. after an evaluation).
+    The bar counts the field named `count` toward the one named `total`
+    (training: episodes toward the target); other commands pass fields of
+    their own.
     """
 
     def __init__(
         self,
         *,
         description: str = "train",
+        fields: Sequence[ProgressField] = PROGRESS_FIELDS,
+        count: str = "episodes",
+        total: str = "target",
+        unit: str = "ep",
         stream: TextIO | None = None,
         tty: bool | None = None,
         interval_s: float = 5.0,
@@ -129,6 +143,11 @@ class ProgressReporter(Closing):
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"progress interval must be > 0 seconds, got {interval_s}")
+        self._fields = tuple(fields)
+        self._by_name = {f.name: f for f in self._fields}
+        if count not in self._by_name or total not in self._by_name:
+            raise ValueError(f"progress fields must include {count!r} and {total!r}")
+        self._count, self._total, self._unit = count, total, unit
         self._stream = stream if stream is not None else sys.stderr
         self._tty = self._stream.isatty() if tty is None else tty
         self._description = description
@@ -137,6 +156,8 @@ class ProgressReporter(Closing):
         self._clock = clock
         self._values: dict[str, FieldValue] = {}
         self._last_emit: float | None = None
+        self._unshown = False
+        """Values were set since the last time they were shown."""
         self._bar: tqdm | None = None
         self._closed = False
 
@@ -147,14 +168,15 @@ class ProgressReporter(Closing):
 
     def update(self, *, force: bool = False, **fields: FieldValue) -> None:
         """Record new field values; redraw or log if it is time. Unknown names are an error."""
-        unknown = sorted(set(fields) - set(FIELDS_BY_NAME))
+        unknown = sorted(set(fields) - set(self._by_name))
         if unknown:
             raise ValueError(
-                f"unknown progress field(s) {unknown}; documented: {sorted(FIELDS_BY_NAME)}"
+                f"unknown progress field(s) {unknown}; documented: {sorted(self._by_name)}"
             )
         if self._closed:
             raise RuntimeError("progress reporter already closed")
         self._values.update(fields)
+        self._unshown = True
         now = self._clock()
         wait = self._redraw_s if self._tty else self._interval_s
         if force or self._last_emit is None or now - self._last_emit >= wait:
@@ -171,20 +193,22 @@ class ProgressReporter(Closing):
     def plain_line(self) -> str:
         """The fields set so far as one `progress key=value ...` line, in documented order."""
         parts = [self._description]
-        for field in PROGRESS_FIELDS:
-            if field.name == "target" or field.name not in self._values:
+        total = self._values.get(self._total)
+        for field in self._fields:
+            if field.name == self._total or field.name not in self._values:
                 continue
             text = format_value(field, self._values[field.name])
-            if field.name == "episodes" and self._values.get("target") is not None:
-                text += "/" + format_value(FIELDS_BY_NAME["target"], self._values["target"])
-            parts.append(f"{field.name}={text}")
+            if field.name == self._count and total is not None:
+                text += "/" + format_value(self._by_name[self._total], total)
+            parts.append(f"{field.name}={_plain(text)}")
         return " ".join(parts)
 
     def close(self) -> None:
-        """Shows the final values once more (so a log ends with them) and releases the bar."""
+        """Shows the final values if they are not shown yet (so a log ends with them) and
+        releases the bar."""
         if self._closed:
             return
-        if self._values:
+        if self._unshown:
             self._emit()
         if self._bar is not None:
             self._bar.close()
@@ -192,11 +216,12 @@ class ProgressReporter(Closing):
         self._closed = True
 
     def _emit(self) -> None:
+        self._unshown = False
         if not self._tty:
             print(self.plain_line(), file=self._stream, flush=True)
             return
-        target = self._values.get("target")
-        episodes = self._values.get("episodes") or 0
+        target = self._values.get(self._total)
+        episodes = self._values.get(self._count) or 0
         if self._bar is None:
             # A terminal that reports no size (a pty under `script`, some CI
             # runners) makes tqdm hide the bar entirely; assume 120x24 there.
@@ -206,7 +231,7 @@ class ProgressReporter(Closing):
                 # Resumed episodes are not this run's speed.
                 initial=int(episodes),
                 desc=self._description,
-                unit="ep",
+                unit=self._unit,
                 file=self._stream,
                 dynamic_ncols=sized,
                 ncols=None if sized else 120,
@@ -219,9 +244,9 @@ class ProgressReporter(Closing):
             self._bar.total = int(target)
         self._bar.n = int(episodes)
         postfix = "  ".join(
-            f"{f.label} {_compact(self._values[f.name], f)}"
-            for f in PROGRESS_FIELDS
-            if f.name not in ("episodes", "target") and f.name in self._values
+            f"{f.label} {_compact(self._values[f.name], f)}".strip()
+            for f in self._fields
+            if f.on_bar and f.name not in (self._count, self._total) and f.name in self._values
         )
         self._bar.set_postfix_str(postfix, refresh=False)
         self._bar.refresh()

@@ -35,7 +35,8 @@ import torch
 
 from fedrl.client.commands.training_events import TrainingEvents
 from fedrl.client.federation.federation_client import DataLabel
-from fedrl.client.training.engine import Counters, PollResult, TrainingEngine
+from fedrl.client.training.counters import Counters, PollResult
+from fedrl.client.training.engine import TrainingEngine
 from fedrl.common.durable_files import write_atomically
 from fedrl.common.identity import safe_dirname, validate_participant_id
 

@@ -171,19 +171,14 @@ def open_channel(
         token=token is not None,
         insecure=insecure,
     )
-    if bundle is not None:
-        credentials = grpc.ssl_channel_credentials(
-            root_certificates=bundle.ca_pem,
-            private_key=bundle.key_pem,
-            certificate_chain=bundle.cert_pem,
-        )
-    elif ca_cert is not None:
-        credentials = grpc.ssl_channel_credentials(root_certificates=_ca_pem(ca_cert))
-    else:
+    if bundle is None and ca_cert is None:
         _check_plaintext(target, token=token, insecure=insecure)
         return grpc.aio.insecure_channel(
             target, options=list(options), interceptors=_interceptors(participant_id)
         )
+    credentials = tls_credentials(
+        ca_pem=None if ca_cert is None else read_ca_pem(ca_cert), bundle=bundle
+    )
     if token is not None:
         credentials = grpc.composite_channel_credentials(
             credentials, grpc.access_token_call_credentials(token)
@@ -191,6 +186,25 @@ def open_channel(
     return grpc.aio.secure_channel(
         target, credentials, options=list(options), interceptors=_interceptors(participant_id)
     )
+
+
+def tls_credentials(
+    *, ca_pem: bytes | None, bundle: ParticipantBundle | None
+) -> grpc.ChannelCredentials:
+    """TLS credentials for a channel to the server: every client command builds them here.
+
+    With a participant `bundle`: mutual TLS, the bundle's CA verifies the
+    server and its certificate is shown to the server. Else one-way TLS,
+    verifying the server against `ca_pem`, or against the system's trusted
+    roots where that is None.
+    """
+    if bundle is not None:
+        return grpc.ssl_channel_credentials(
+            root_certificates=bundle.ca_pem,
+            private_key=bundle.key_pem,
+            certificate_chain=bundle.cert_pem,
+        )
+    return grpc.ssl_channel_credentials(root_certificates=ca_pem)
 
 
 def _check_plaintext(target: str, *, token: str | None, insecure: bool) -> None:
@@ -251,7 +265,7 @@ def _interceptors(participant_id: str | None) -> list[_Naming] | None:
     return [kind(participant_id) for kind in kinds]
 
 
-def _ca_pem(ca_cert: bytes | Path) -> bytes:
+def read_ca_pem(ca_cert: bytes | Path) -> bytes:
     """The CA certificate, checked now: a bad one would otherwise surface as UNAVAILABLE."""
     if isinstance(ca_cert, bytes):
         pem = ca_cert

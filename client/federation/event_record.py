@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fedrl.client.training.engine import Counters
+from fedrl.client.training.counters import Counters
 
 
 def event_record(kind: str, counters: Counters, **fields: Any) -> dict[str, Any]:

@@ -19,7 +19,8 @@ import grpc
 
 from fedrl.client.federation.errors import RejectedError, ServerCallError, UnavailableError
 from fedrl.client.federation.federation_client import Timeouts
-from fedrl.client.federation.outbox import Entry, Outbox, OutboxError
+from fedrl.client.federation.outbox import Outbox
+from fedrl.client.federation.outbox_file import Entry, OutboxError
 from fedrl.common.chunking import DEFAULT_CHUNK_BYTES, DecodeLimits
 from fedrl.common.errors import DecodeError
 from fedrl.common.experience import BatchAssembler, ExperienceBatch, batch_messages

@@ -60,7 +60,8 @@ from fedrl.client.federation.experience_client import (
 from fedrl.client.federation.experience_cursor import CursorFile
 from fedrl.client.federation.federation_client import FederationClient
 from fedrl.client.federation.observation_bounds import ObservationBounds
-from fedrl.client.federation.outbox import Entry, Outbox
+from fedrl.client.federation.outbox import Outbox
+from fedrl.client.federation.outbox_file import Entry
 from fedrl.client.federation.server_link import ServerLink
 from fedrl.client.training.cnn import is_image
 from fedrl.client.training.engine import TrainingEngine

@@ -22,17 +22,8 @@ entry that uses the number, a restart continues after max(counter, highest
 entry), and `observe_acknowledged` lifts it past what the server acknowledged
 (Join's last_update_sequence) in case local state was lost.
 
-Entry file format (no pickle: unpickling runs code): the magic b"FEDRLOB1",
-then records, each a little-endian u32 length, u32 CRC-32 and that many
-bytes. Record 0 is UTF-8 JSON metadata ({"format", "kind", "sequence",
-"messages", "merged_through"}); records 1..messages are the serialized
-protobuf messages of the stream exactly as they go on the wire (UpdateChunk:
-header first, then the tensor chunks). A file is written to a dot-prefixed
-temp name, fsynced, renamed into place and the directory fsynced, so a crash
-leaves either the whole entry or a temp file, which the next open deletes
-(it was never acknowledged by anything and its sequence is burnt, not
-reused). A file that fails its magic, length or CRC checks anyway (a disk
-fault, a copy cut short) is reported and moved to quarantine/, never sent.
+Each entry is one file (fedrl.client.federation.outbox_file: its format, and
+why a crash leaves either the whole entry or nothing).
 
 An entry is ".ready" until the sender takes it; `next_to_send` renames it to
 ".sent" (durably) before the caller starts the first attempt, so after a
@@ -43,27 +34,20 @@ returned/ when only its base version is too old, so that the sync loop can
 put its progress into its next update (`give_back`, `returned`,
 `forget_returned`).
 
-Bound and merge rule. The sync loop pushes INCREMENTAL deltas: each delta is
-local − reference, where the reference is the weights at the last push or
-adoption of a global model. Two consecutive updates therefore describe
-disjoint stretches of training, and their sum is exactly the update that one
-push covering both stretches would have carried. When a kind holds more than
-`max_entries` entries or `max_bytes` bytes, the oldest ADJACENT pair of
-".ready" entries is merged into one: the deltas and the counts (env steps,
-episodes, samples) are summed; the merge keeps the earlier sequence number
-and the earlier base version (the conservative staleness), the
-episode-weighted mean of the training returns, and the later entry's other
-metrics (the latest evaluation). A ".sent" entry is never merged or changed:
-the server may already hold it. Nor is the entry just added: its writer
-has not recorded it yet (see fedrl.client.federation.weight_sync). Every merge is logged with
-the sequences it joined; nothing is dropped. The same merge joins a
-backlog at send time: `next_to_send` first merges the never-attempted entries
-that follow a never-attempted head, so after an outage the backlog leaves as
-one update with the staleness of its oldest base, rather than as a train of
+Bound and merge rule. When a kind holds more than `max_entries` entries or
+`max_bytes` bytes, the oldest ADJACENT pair of ".ready" entries is merged into
+one by the kind's merger (update entries: fedrl.client.federation.update_entries,
+whose merge sums two incremental deltas into the one update a push covering
+both stretches of training would have carried). A ".sent" entry is never
+merged or changed: the server may already hold it. Nor is the entry just
+added: its writer has not recorded it yet (see
+fedrl.client.federation.weight_sync). Every merge is logged with the
+sequences it joined; nothing is dropped. The same merge joins a backlog at
+send time: `next_to_send` first merges the never-attempted entries that
+follow a never-attempted head, so after an outage the backlog leaves as one
+update with the staleness of its oldest base, rather than as a train of
 updates that each move the global version on until the last ones are refused
-as too stale. Summing bfloat16-rounded deltas rounds once more,
-a relative error of about 2^-8 per merge on the merged values, which an
-outage of many syncs costs anyway.
+as too stale.
 
 A merge writes the merged entry over the earlier one with "merged_through"
 naming the later sequence, then deletes the later file; a crash between the
@@ -77,42 +61,36 @@ transitions is a sample of experience, not a contribution the session counts.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
-import struct
 import threading
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-
-from fedrl.client.federation.federation_client import build_update
-from fedrl.common.chunking import DEFAULT_CHUNK_BYTES, DecodeLimits, assemble
+from fedrl.client.federation.outbox_file import (
+    KINDS,
+    READY,
+    SENT,
+    SEQUENCE_DIGITS,
+    Entry,
+    OutboxError,
+    check_kind,
+    encode_entry,
+    entry_name,
+    read_entry,
+    sequence_from_name,
+)
+from fedrl.client.federation.update_entries import UPDATE, merge_updates
 from fedrl.common.durable_files import fsync_directory, write_atomically
-from fedrl.proto.v1 import federation_pb2 as pb
-from fedrl.proto.v1 import tensor_pb2 as tpb
 
 log = logging.getLogger(__name__)
 
-KINDS = ("update", "experience")
-MAGIC = b"FEDRLOB1"
-FORMAT = 1
-_RECORD = struct.Struct("<II")
-_SEQUENCE_DIGITS = 20
-READY, SENT = ".ready", ".sent"
 QUARANTINE, REJECTED, RETURNED = "quarantine", "rejected", "returned"
 
 Merger = Callable[[Sequence[bytes], Sequence[bytes]], list[bytes]]
 """Combines two consecutive entries' messages into one entry's, keeping the first's sequence."""
-
-
-class OutboxError(ValueError):
-    """An entry file that cannot be trusted, or a misuse of the outbox."""
 
 
 @dataclass(frozen=True)
@@ -132,22 +110,6 @@ class OutboxLimits:
             raise ValueError(f"outbox max_bytes must be positive, got {self.max_bytes}")
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One unacknowledged stream of messages."""
-
-    kind: str
-    sequence: int
-    messages: tuple[bytes, ...]
-    """Serialized protobuf messages, exactly as they go on the wire."""
-    attempted: bool
-    """True once a send may have started; such an entry is never changed."""
-    merged_through: int
-    """Highest sequence folded into this entry (its own when never merged)."""
-    size: int
-    """Bytes of its file."""
-
-
 class Outbox:
     """Durable, bounded queues of unacknowledged messages, one per kind.
 
@@ -163,7 +125,7 @@ class Outbox:
     ) -> None:
         self._root = root
         self._limits = limits
-        self._mergers = dict(mergers) if mergers is not None else {"update": merge_updates}
+        self._mergers = dict(mergers) if mergers is not None else {UPDATE: merge_updates}
         self._lock = threading.Lock()
         root.mkdir(parents=True, exist_ok=True)
         self._entries: dict[str, list[Entry]] = {kind: [] for kind in KINDS}
@@ -178,7 +140,7 @@ class Outbox:
         Returns the stored entry, after enforcing the bound, which may merge
         older entries but never the new one.
         """
-        _check_kind(kind)
+        check_kind(kind)
         with self._lock:
             sequence = self._last[kind] + 1
             self._write_counter(kind, sequence)
@@ -190,7 +152,7 @@ class Outbox:
 
     def observe_acknowledged(self, kind: str, sequence: int) -> None:
         """Never allocate at or below `sequence` (the server's last acknowledged, from Join)."""
-        _check_kind(kind)
+        check_kind(kind)
         with self._lock:
             if sequence > self._last[kind]:
                 log.warning(
@@ -206,7 +168,7 @@ class Outbox:
 
     def pending(self, kind: str) -> list[Entry]:
         """Unacknowledged entries of a kind, oldest first."""
-        _check_kind(kind)
+        check_kind(kind)
         with self._lock:
             return list(self._entries[kind])
 
@@ -220,7 +182,7 @@ class Outbox:
         instead of as many updates that each push the version further ahead of
         the ones still waiting, until the last are refused as too stale.
         """
-        _check_kind(kind)
+        check_kind(kind)
         limit = math.inf if through is None else through
         with self._lock:
             entries = self._entries[kind]
@@ -284,23 +246,23 @@ class Outbox:
 
     def returned(self, kind: str) -> list[Entry]:
         """Entries handed back by give_back and not yet forgotten, oldest first."""
-        _check_kind(kind)
+        check_kind(kind)
         with self._lock:
             folder = self._root / RETURNED
             found = []
             for path in sorted(folder.glob(f"{kind}-*")) if folder.is_dir() else []:
                 try:
-                    found.append(_read_entry(path))
+                    found.append(read_entry(path))
                 except OutboxError as exc:
                     self._quarantine(path, str(exc))
             return found
 
     def forget_returned(self, kind: str, sequence: int) -> None:
         """The writer has taken a returned entry back; delete it."""
-        _check_kind(kind)
+        check_kind(kind)
         with self._lock:
             folder = self._root / RETURNED
-            for path in folder.glob(f"{kind}-{sequence:0{_SEQUENCE_DIGITS}d}.*"):
+            for path in folder.glob(f"{kind}-{sequence:0{SEQUENCE_DIGITS}d}.*"):
                 path.unlink()
             fsync_directory(folder)
 
@@ -313,7 +275,7 @@ class Outbox:
     # Internals.
 
     def _take(self, kind: str, sequence: int) -> Entry:
-        _check_kind(kind)
+        check_kind(kind)
         entries = self._entries[kind]
         for index, entry in enumerate(entries):
             if entry.sequence == sequence:
@@ -377,15 +339,7 @@ class Outbox:
     def _write(
         self, kind: str, sequence: int, messages: tuple[bytes, ...], *, merged_through: int
     ) -> Entry:
-        meta = {
-            "format": FORMAT,
-            "kind": kind,
-            "sequence": sequence,
-            "messages": len(messages),
-            "merged_through": merged_through,
-        }
-        records = [json.dumps(meta).encode("utf-8"), *messages]
-        data = MAGIC + b"".join(_record(r) for r in records)
+        data = encode_entry(kind, sequence, messages, merged_through)
         entry = Entry(kind, sequence, messages, False, merged_through, len(data))
         write_atomically(self._path(entry, READY), lambda file: file.write(data))
         return entry
@@ -393,7 +347,7 @@ class Outbox:
     def _path(self, entry: Entry, state: str | None = None) -> Path:
         if state is None:
             state = SENT if entry.attempted else READY
-        return self._root / f"{entry.kind}-{entry.sequence:0{_SEQUENCE_DIGITS}d}{state}"
+        return self._root / entry_name(entry.kind, entry.sequence, state)
 
     def _counter_path(self, kind: str) -> Path:
         return self._root / f"{kind}.sequence"
@@ -429,7 +383,7 @@ class Outbox:
             if path.suffix not in (READY, SENT):
                 continue
             try:
-                entry = _read_entry(path)
+                entry = read_entry(path)
             except OutboxError as exc:
                 self._quarantine(path, str(exc))
                 continue
@@ -461,7 +415,7 @@ class Outbox:
         numbers = []
         for folder in (QUARANTINE, REJECTED, RETURNED):
             for path in (self._root / folder).glob(f"{kind}-*"):
-                sequence = _sequence_from_name(path)
+                sequence = sequence_from_name(path)
                 if sequence is not None:
                     numbers.append(sequence)
         return numbers
@@ -479,133 +433,7 @@ class Outbox:
             reason,
         )
         # Its number may have been acknowledged already; never hand it out again.
-        sequence = _sequence_from_name(path)
+        sequence = sequence_from_name(path)
         kind = path.name.split("-", 1)[0]
         if kind in KINDS and sequence is not None and sequence > self._last[kind]:
             self._write_counter(kind, sequence)
-
-
-def merge_updates(
-    earlier: Sequence[bytes], later: Sequence[bytes], *, chunk_bytes: int = DEFAULT_CHUNK_BYTES
-) -> list[bytes]:
-    """Two consecutive incremental updates as one (the rule in the module docstring).
-
-    chunk_bytes must not exceed the server's (the sync loop passes the session's).
-    """
-    first, first_delta, wire_dtype = _decode_update(earlier)
-    second, second_delta, _ = _decode_update(later)
-    if [n for n, _ in first_delta] != [n for n, _ in second_delta]:
-        raise OutboxError(
-            f"updates {first.sequence} and {second.sequence} hold different tensors; cannot merge"
-        )
-    metrics = pb.UpdateMetrics()
-    metrics.CopyFrom(second.metrics)
-    episodes = first.episodes + second.episodes
-    if first.metrics.HasField("mean_return") and second.metrics.HasField("mean_return"):
-        metrics.mean_return = (
-            (
-                first.metrics.mean_return * first.episodes
-                + second.metrics.mean_return * second.episodes
-            )
-            / episodes
-            if episodes
-            else second.metrics.mean_return
-        )
-    elif first.metrics.HasField("mean_return"):
-        metrics.mean_return = first.metrics.mean_return
-    delta = [
-        (name, (a + b).astype(np.float32))
-        for (name, a), (_, b) in zip(first_delta, second_delta, strict=True)
-    ]
-    messages = build_update(
-        session=first.session,
-        participant_id=first.participant_id,
-        sequence=first.sequence,
-        base_version=first.base_version,
-        env_steps=first.env_steps + second.env_steps,
-        episodes=episodes,
-        samples=first.samples + second.samples,
-        metrics=metrics,
-        spec_hash=first.spec_hash,
-        delta=delta,
-        dtype=wire_dtype,
-        chunk_bytes=chunk_bytes,
-    )
-    return [m.SerializeToString() for m in messages]
-
-
-def update_messages(entry: Entry) -> list[pb.UpdateChunk]:
-    """An update entry's messages, parsed for sending."""
-    return [pb.UpdateChunk.FromString(m) for m in entry.messages]
-
-
-def decode_update(entry: Entry) -> tuple[pb.UpdateHeader, list[tuple[str, np.ndarray]]]:
-    """An update entry's header and its delta, decoded to float32."""
-    header, delta, _ = _decode_update(entry.messages)
-    return header, delta
-
-
-def _decode_update(
-    messages: Sequence[bytes],
-) -> tuple[pb.UpdateHeader, list[tuple[str, np.ndarray]], int]:
-    parsed = [pb.UpdateChunk.FromString(m) for m in messages]
-    if not parsed or not parsed[0].HasField("header"):
-        raise OutboxError("an update entry must start with its UpdateHeader")
-    header = parsed[0].header
-    chunks = [m.chunk for m in parsed[1:]]
-    # Our own bytes, CRC-checked: only the sizes need room, not distrust.
-    delta = assemble(header.tensors, chunks, DecodeLimits(max_total_raw_bytes=1 << 40))
-    wire_dtype = chunks[0].header.dtype if chunks else tpb.DTYPE_BFLOAT16
-    return header, delta, int(wire_dtype)
-
-
-def _record(payload: bytes) -> bytes:
-    return _RECORD.pack(len(payload), zlib.crc32(payload)) + payload
-
-
-def _read_entry(path: Path) -> Entry:
-    data = path.read_bytes()
-    if not data.startswith(MAGIC):
-        raise OutboxError("not an outbox entry (bad magic)")
-    records: list[bytes] = []
-    offset = len(MAGIC)
-    while offset < len(data):
-        if offset + _RECORD.size > len(data):
-            raise OutboxError(f"torn record header at byte {offset}")
-        length, crc = _RECORD.unpack_from(data, offset)
-        offset += _RECORD.size
-        payload = data[offset : offset + length]
-        if len(payload) != length:
-            raise OutboxError(f"record {len(records)} cut short: {len(payload)} of {length} bytes")
-        if zlib.crc32(payload) != crc:
-            raise OutboxError(f"record {len(records)} fails its CRC")
-        records.append(payload)
-        offset += length
-    if not records:
-        raise OutboxError("no metadata record")
-    try:
-        meta: dict[str, Any] = json.loads(records[0].decode("utf-8"))
-        kind, sequence = str(meta["kind"]), int(meta["sequence"])
-        count, merged_through = int(meta["messages"]), int(meta["merged_through"])
-        version = int(meta["format"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise OutboxError(f"bad metadata: {exc}") from None
-    if version != FORMAT:
-        raise OutboxError(f"format {version}, this version reads {FORMAT}")
-    if kind not in KINDS or path.name.split("-", 1)[0] != kind:
-        raise OutboxError(f"kind {kind!r} does not match the file name")
-    if _sequence_from_name(path) != sequence or merged_through < sequence:
-        raise OutboxError(f"sequence {sequence} does not match the file name")
-    if count != len(records) - 1:
-        raise OutboxError(f"holds {len(records) - 1} of its {count} messages")
-    return Entry(kind, sequence, tuple(records[1:]), path.suffix == SENT, merged_through, len(data))
-
-
-def _sequence_from_name(path: Path) -> int | None:
-    _, _, digits = path.stem.partition("-")
-    return int(digits) if digits.isdigit() else None
-
-
-def _check_kind(kind: str) -> None:
-    if kind not in KINDS:
-        raise OutboxError(f"unknown outbox kind {kind!r}; one of {', '.join(KINDS)}")

@@ -41,7 +41,8 @@ from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.errors import UnavailableError
 from fedrl.client.federation.event_record import event_record
 from fedrl.client.federation.federation_client import FederationClient
-from fedrl.client.training.engine import PollResult, TrainingEngine
+from fedrl.client.training.counters import PollResult
+from fedrl.client.training.engine import TrainingEngine
 from fedrl.common.chunking import NamedTensors, chunk_tensors
 from fedrl.proto.v1 import federation_pb2 as fpb
 from fedrl.proto.v1 import population_pb2 as pb

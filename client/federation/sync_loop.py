@@ -80,8 +80,10 @@ from fedrl.client.federation.server_link import ServerLink, ServerView
 from fedrl.client.federation.sync_plan import SyncPlan, check_rounds
 from fedrl.client.federation.sync_state import STATE_FILE
 from fedrl.client.federation.weight_sync import WeightSync
-from fedrl.client.training.engine import PollResult, TrainingEngine
-from fedrl.client.training.learner import Learner, TargetAtAdoption
+from fedrl.client.training.counters import PollResult
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.learner import Learner
+from fedrl.client.training.learner_config import TargetAtAdoption
 from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb

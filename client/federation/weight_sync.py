@@ -1,11 +1,12 @@
 """Weight sync: the participant's progress pushed as weight deltas, the global model adopted back.
 
 Two halves, one per thread. `WeightSync` runs in the main thread, between
-the engine's rounds; `WeightTraffic` is its task on the network thread
-(fedrl.client.federation.server_link). They meet in three places only: the
-durable outbox (main thread writes, network thread sends and deletes), a
-"sendable through" sequence number, and a slot holding the newest pulled
-global model, which the main thread adopts at its next round.
+the engine's rounds; `WeightTraffic` (fedrl.client.federation.weight_traffic)
+is its task on the network thread (fedrl.client.federation.server_link).
+They meet in three places only: the durable outbox (main thread writes,
+network thread sends and deletes), a "sendable through" sequence number, and
+a slot holding the newest pulled global model, which the main thread adopts
+at its next round.
 
 Every sync interval (`SyncInterval`: so many local episodes or env steps;
 PPO: after every rollout update, the unit of its progress), once the
@@ -14,9 +15,9 @@ link or the server's rate limit makes updates larger, not late), the main
 thread:
 
 1. takes an INCREMENTAL delta, local − reference, where the reference is the
-   weights at the last push or adoption (the lead's decision: a delta from
-   the last adopted global would resend the previous push's progress when no
-   new global arrived in between, counting it twice), writes it to the outbox
+   weights at the last push or adoption (a delta from the last adopted
+   global would resend the previous push's progress when no new global
+   arrived in between, counting it twice), writes it to the outbox
    with the counts since the last push and the metrics, then records the new
    reference in the sync state file, and only then lets the network thread
    send it;
@@ -24,8 +25,8 @@ thread:
    pulls as soon as the link hears of a new version): local := g + (local −
    reference), the reference := g. The term in brackets is what was learned
    since the last push and not yet sent, so adoption loses no local work.
-   The learner's target network is reset to the new weights by default
-   (`target_at_adoption` also offers keep and shift). The optimizer state
+   The learner's target network moves by the same change by default
+   (`target_at_adoption` also offers reset and keep). The optimizer state
    (Adam's moments) is kept: it describes the loss surface around a nearby
    model, and resetting it would restart Adam's bias correction with
    oversized first steps after every sync.
@@ -55,29 +56,26 @@ written after each outbox entry and each adoption, and read back at start:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 
-from fedrl.client.federation.errors import AlreadySeededError, RejectedError, UnavailableError
+from fedrl.client.federation.errors import RejectedError, UnavailableError
 from fedrl.client.federation.event_record import event_record
 from fedrl.client.federation.federation_client import (
-    FederationClient,
     GlobalModel,
     build_update,
 )
 from fedrl.client.federation.global_scoring import GlobalScoring, VersionScore
-from fedrl.client.federation.outbox import Entry, Outbox, decode_update, update_messages
+from fedrl.client.federation.outbox import Outbox
+from fedrl.client.federation.outbox_file import Entry
 from fedrl.client.federation.server_link import ServerLink
 from fedrl.client.federation.sync_interval import SyncInterval
 from fedrl.client.federation.sync_state import (
@@ -87,15 +85,16 @@ from fedrl.client.federation.sync_state import (
     load_sync_state,
     save_sync_state,
 )
-from fedrl.client.training.engine import PollResult, TrainingEngine
-from fedrl.client.training.learner import TARGET_AT_ADOPTION, TargetAtAdoption
+from fedrl.client.federation.update_entries import UPDATE, decode_update
+from fedrl.client.federation.weight_traffic import WeightTraffic
+from fedrl.client.training.counters import PollResult
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.learner_config import TARGET_AT_ADOPTION, TargetAtAdoption
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
 
 log = logging.getLogger(__name__)
 
-UPDATE = "update"
-"""The outbox kind of weight updates."""
 DELTA_DTYPES = {
     "bfloat16": tpb.DTYPE_BFLOAT16,
     "float16": tpb.DTYPE_FLOAT16,
@@ -444,9 +443,8 @@ class WeightSync:
         (its deltas travel as the server decodes them, and the reference adds
         them the same way), so a participant alone in a session learns as it
         would offline: online and target net, optimizer and replay untouched.
-        Measured (CartPole, N = 2, weights and experience, 10 seeds, lock-step
-        simulation): shifting the target solved 1.9x faster to a first greedy
-        475 than resetting it, whose group never held 475 within 8k steps.
+        Shifting against resetting the target: docs/benchmarks.md, target at
+        adoption.
         """
         assert self._state is not None
         state = self._state
@@ -548,168 +546,6 @@ class WeightSync:
         if self._traffic is None:
             raise RuntimeError("weight sync not attached: call attach() first")
         return self._traffic
-
-
-class WeightTraffic:
-    """The network thread's half: sends released updates, pulls versions the link hears of."""
-
-    def __init__(self, link: ServerLink, outbox: Outbox, *, seed_weights: NamedArrays) -> None:
-        self._link = link
-        self._outbox = outbox
-        self._seed_weights = seed_weights
-        # Network thread only.
-        self._held: GlobalModel | None = None
-        self._rejoined_for: int | None = None
-        # Shared with the main thread, under _lock.
-        self._lock = threading.Lock()
-        self._sendable_through = 0
-        self._pending: GlobalModel | None = None
-        self._given_back = 0
-        self._wake = link.add_task("weight sync", self._work, on_join=self._joined, on_notice=True)
-
-    # Main-thread side.
-
-    def release(self, sequence: int) -> None:
-        """Updates up to `sequence` are recorded in the sync state: they may go out."""
-        with self._lock:
-            self._sendable_through = max(self._sendable_through, sequence)
-        self._wake()
-
-    def take_pending(self) -> GlobalModel | None:
-        """The newest pulled global model not adopted yet, if any."""
-        with self._lock:
-            model, self._pending = self._pending, None
-            return model
-
-    @property
-    def given_back(self) -> int:
-        """How many updates were handed back so far (the main thread takes them back)."""
-        with self._lock:
-            return self._given_back
-
-    def wait_for_any_version(self, timeout_s: float) -> bool:
-        """Wait until a pulled version waits for adoption; False if none came in time."""
-
-        def pulled() -> bool:
-            with self._lock:
-                return self._pending is not None
-
-        return self._link.wait_until(pulled, wake=self._wake, timeout_s=timeout_s)
-
-    def wait_for_version(self, sequence: int, timeout_s: float) -> bool:
-        """Wait until a pulled version holds update `sequence`; False if none did in time.
-
-        A handed-back update ends the wait at once: no version will hold it.
-        """
-        given_back = self.given_back
-
-        def held() -> bool:
-            with self._lock:
-                model = self._pending
-            return model is not None and model.applied_sequence >= sequence
-
-        def settled() -> bool:
-            return held() or self.given_back != given_back
-
-        return self._link.wait_until(settled, wake=self._wake, timeout_s=timeout_s) and held()
-
-    def refresh_now(self, timeout_s: float) -> None:
-        """Ask for the newest global version and pull it now (for take_pending)."""
-        self._link.call(asyncio.wait_for(self._refresh(), timeout_s), timeout_s + 5)
-
-    def flush(self, timeout_s: float) -> bool:
-        """Wait until every released update is acknowledged; False if time ran out."""
-        return self._link.wait_until(self._all_sent, wake=self._wake, timeout_s=timeout_s)
-
-    # Network-thread side.
-
-    async def _joined(self, client: FederationClient, reply: pb.JoinReply) -> None:
-        """After every join: lift the outbox past what the server holds; seed an empty session."""
-        self._outbox.observe_acknowledged(UPDATE, reply.last_update_sequence)
-        if reply.current_version >= 0:
-            return
-        try:
-            version = await client.seed_model(self._seed_weights)
-            log.info("seeded session %r with this participant's model", client.session)
-        except AlreadySeededError:
-            version = (await client.get_version()).current_version
-        self._link.update_view(version=version)
-
-    async def _work(self) -> None:
-        await self._send_released()
-        await self._pull_newer()
-
-    async def _send_released(self) -> None:
-        client = self._link.client
-        outbox = self._outbox
-        while True:
-            pending = outbox.pending(UPDATE)
-            with self._lock:
-                through = self._sendable_through
-            if not pending or pending[0].merged_through > through:
-                return
-            entry = outbox.next_to_send(UPDATE, through=through)
-            assert entry is not None
-            try:
-                reply = await client.push_update(update_messages(entry))
-            except RejectedError as exc:
-                if (
-                    exc.code == grpc.StatusCode.FAILED_PRECONDITION
-                    and self._rejoined_for != entry.sequence
-                ):
-                    # The server may have forgotten us (a restored backup):
-                    # join again and retry once before giving the update up.
-                    self._rejoined_for = entry.sequence
-                    await self._link.join()
-                    continue
-                if exc.code == grpc.StatusCode.FAILED_PRECONDITION:
-                    # Refused as it stands (too stale): its progress goes into
-                    # the next update, which is based on a newer version.
-                    outbox.give_back(UPDATE, entry.sequence, str(exc))
-                    with self._lock:
-                        self._given_back += 1
-                else:
-                    outbox.reject(UPDATE, entry.sequence, str(exc))
-                continue
-            outbox.acknowledge(UPDATE, entry.sequence)
-            if reply.duplicate:
-                log.info(
-                    "update %d had been acknowledged before the restart; the server kept "
-                    "its first answer",
-                    entry.sequence,
-                )
-            # Only this task counts acknowledgements, so reading and writing
-            # them in two steps loses none.
-            view = self._link.view
-            self._link.update_view(
-                goal=reply.goal,
-                acknowledged=view.acknowledged + 1,
-                duplicates=view.duplicates + int(reply.duplicate),
-            )
-
-    async def _pull_newer(self) -> None:
-        """Pull the newest global version if the link heard of one newer than the one held."""
-        held = self._held.version if self._held is not None else -1
-        if self._link.view.version <= held:
-            return
-        model = await self._link.client.pull_model(have=self._held)
-        self._held = model
-        with self._lock:
-            self._pending = model
-
-    async def _refresh(self) -> None:
-        notice = await self._link.client.get_version()
-        self._link.update_view(
-            version=notice.current_version,
-            goal=notice.goal,
-            active_participants=notice.active_participants,
-        )
-        await self._pull_newer()
-
-    def _all_sent(self) -> bool:
-        with self._lock:
-            through = self._sendable_through
-        return not any(e.sequence <= through for e in self._outbox.pending(UPDATE))
 
 
 def rebase(

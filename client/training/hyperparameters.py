@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.engine_config import EngineConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.ppo_learner import PPOConfig
-
-if TYPE_CHECKING:
-    from fedrl.client.training.engine import EngineConfig
 
 Hyperparameters = Mapping[str, float]
 

@@ -1,28 +1,36 @@
 """The DQN learner: Double DQN, dueling heads, n-step targets and prioritized replay.
 
-Read top to bottom: the config, the device, the loss (the paper's equations),
-then the Learner, which samples, steps, writes priorities back and moves the
-target network. Collection happens elsewhere; the caller feeds ``add`` and
-calls ``train`` at whatever replay ratio it wants.
+Read top to bottom: the loss (the paper's equations), then the Learner, which
+samples, steps, writes priorities back and moves the target network. Its
+knobs are fedrl.client.training.learner_config's. Collection happens
+elsewhere; the caller feeds ``add`` and calls ``train`` at whatever replay
+ratio it wants.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
 
 from fedrl.client.training.cnn import is_image
+from fedrl.client.training.config_changes import refuse_fixed_changes
+from fedrl.client.training.device import resolve_device, to_cpu
 from fedrl.client.training.distributed import GradientSync
 from fedrl.client.training.frame_replay import FrameStore, make_replay
 from fedrl.client.training.frame_segment import FrameSegment
+from fedrl.client.training.learner_config import (
+    RECONFIGURABLE,
+    TARGET_AT_ADOPTION,
+    LearnerConfig,
+    TargetAtAdoption,
+)
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.q_network import (
     DEFAULT_NETWORK,
@@ -32,190 +40,9 @@ from fedrl.client.training.q_network import (
 )
 from fedrl.client.training.replay import Replay, SampledBatch
 from fedrl.client.training.transitions import LearnerTransitions
-from fedrl.common.config_cli import doc
 
 STATE_FORMAT = 1
 """Version of ``Learner.state_dict()``'s layout; bumped on any change to it."""
-
-
-TargetAtAdoption = Literal["reset", "keep", "shift"]
-"""What the target network does when the online one adopts other weights (Learner.set_weights)."""
-TARGET_AT_ADOPTION: tuple[TargetAtAdoption, ...] = ("reset", "keep", "shift")
-
-RECONFIGURABLE = frozenset({"lr", "gamma", "target_update_interval"})
-"""LearnerConfig fields a running learner may change (Learner.reconfigure)."""
-
-
-@dataclass(frozen=True)
-class LearnerConfig:
-    """Every knob of the learner. Defaults are what learned CartPole-v1 fastest.
-
-    Measured with the training engine in serial mode (16 envs, Ape-X epsilons,
-    3-step returns, replay ratio 0.5), seeds 0-4, greedy evaluation of 10
-    episodes every 1,000 env steps, solved at a mean >= 475, 40k-step budget.
-    These defaults solved 5/5, median 5.0k env steps (7.4 CPU s). One change
-    at a time, median steps (solved): uniform replay 22k (5/5), no dueling
-    15k (5/5), no Double DQN 5.0k (3/5), squared error instead of Huber 29k
-    (4/5), target interval 250 11k / 1000 11k (5/5), polyak tau 0.005 26k
-    (seed 0), lr 5e-4 14k (3/5), lr 2e-3 7.0k (5/5), batch 128 21k (4/5),
-    sample_block 1 8.1k (seeds 0-2). Without clipping, runs were identical:
-    the clip is insurance that costs nothing on CartPole.
-    """
-
-    lr: float = field(default=1e-3, metadata=doc("Adam learning rate."))
-    gamma: float = field(
-        default=0.99,
-        metadata=doc(
-            "Per-step discount; the n-step accumulator bakes it into each batch's discount."
-        ),
-    )
-    batch_size: int = field(default=64, metadata=doc("Transitions per gradient step."))
-    double_dqn: bool = field(
-        default=True,
-        metadata=doc("Pick the next action with the online net, value it with the target net."),
-    )
-    dueling: bool = field(default=True, metadata=doc("Separate value and advantage heads."))
-    hidden: tuple[int, ...] = field(
-        default=(256, 256), metadata=doc("Hidden layer widths of the Q-network MLP.")
-    )
-    prioritized: bool = field(
-        default=True, metadata=doc("Prioritized replay; False samples uniformly.")
-    )
-    alpha: float = field(
-        default=0.6,
-        metadata=doc("Priority exponent: 0 is uniform, 1 is fully proportional to |TD error|."),
-    )
-    beta0: float = field(
-        default=0.4, metadata=doc("Initial importance-sampling exponent, annealed linearly to 1.")
-    )
-    beta_anneal_updates: int = field(
-        default=20_000, metadata=doc("Updates over which beta goes from beta0 to 1.")
-    )
-    priority_eps: float = field(
-        default=1e-6, metadata=doc("Added to |TD error| so no transition's priority is ever zero.")
-    )
-    huber_delta: float | None = field(
-        default=1.0, metadata=doc("Huber loss threshold; none for the plain squared error.")
-    )
-    grad_clip_norm: float | None = field(
-        default=10.0, metadata=doc("Clip the global gradient norm to this; none to not clip.")
-    )
-    target_update: Literal["hard", "polyak"] = field(
-        default="hard",
-        metadata=doc('Copy the online net into the target ("hard") or move it by polyak_tau.'),
-    )
-    target_update_interval: int = field(
-        default=500,
-        metadata=doc(
-            "Updates between target-network updates for a learner alone; "
-            "the target period's data exponent lengthens it for one fed others' experience."
-        ),
-    )
-    target_period_data_exponent: float = field(
-        default=0.5,
-        metadata=doc(
-            "The target period grows as (transitions credited, others' included, per own "
-            "env step) to this power: 0 keeps it fixed; 0.5 doubles it for a learner fed "
-            "by four participants' data."
-        ),
-    )
-    polyak_tau: float = field(
-        default=0.005,
-        metadata=doc(
-            "Fraction of the way the target moves toward the online net per polyak update."
-        ),
-    )
-    replay_capacity: int = field(
-        default=100_000, metadata=doc("Transitions the replay holds before overwriting the oldest.")
-    )
-    learning_starts: int = field(
-        default=1_000, metadata=doc("Transitions in replay before training may start.")
-    )
-    sample_block: int = field(
-        default=4,
-        metadata=doc(
-            "Updates drawn (and their priorities written back) together: fewer host syncs."
-        ),
-    )
-    device: str = field(
-        default="auto",
-        metadata=doc('"auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N".'),
-    )
-    amp: bool = field(
-        default=True,
-        metadata=doc("bfloat16 autocast for the forward passes on CUDA; ignored on CPU."),
-    )
-    compile: bool = field(default=False, metadata=doc("torch.compile the loss computation."))
-    seed: int = field(default=0, metadata=doc("Seeds network initialisation and replay sampling."))
-
-    def __post_init__(self) -> None:
-        positive = {
-            "lr": self.lr,
-            "batch_size": self.batch_size,
-            "beta_anneal_updates": self.beta_anneal_updates,
-            "priority_eps": self.priority_eps,
-            "target_update_interval": self.target_update_interval,
-            "replay_capacity": self.replay_capacity,
-            "sample_block": self.sample_block,
-        }
-        for name, value in positive.items():
-            if not value > 0:
-                raise ValueError(f"LearnerConfig.{name} must be > 0, got {value}")
-        for name, unit in (("gamma", self.gamma), ("beta0", self.beta0)):
-            if not 0.0 <= unit <= 1.0:
-                raise ValueError(f"LearnerConfig.{name} must lie in [0, 1], got {unit}")
-        if not 0.0 < self.polyak_tau <= 1.0:
-            raise ValueError(f"LearnerConfig.polyak_tau must lie in (0, 1], got {self.polyak_tau}")
-        if self.alpha < 0.0:
-            raise ValueError(f"LearnerConfig.alpha must be >= 0, got {self.alpha}")
-        if not 0.0 <= self.target_period_data_exponent <= 1.0:
-            raise ValueError(
-                "LearnerConfig.target_period_data_exponent must lie in [0, 1], "
-                f"got {self.target_period_data_exponent}"
-            )
-        if any(width < 1 for width in self.hidden):
-            raise ValueError(f"LearnerConfig.hidden widths must be >= 1, got {self.hidden}")
-        if self.learning_starts < 0:
-            raise ValueError(
-                f"LearnerConfig.learning_starts must be >= 0, got {self.learning_starts}"
-            )
-        if self.target_update not in ("hard", "polyak"):
-            raise ValueError(
-                'LearnerConfig.target_update must be "hard" or "polyak", '
-                f"got {self.target_update!r}"
-            )
-        for name, bound in (
-            ("huber_delta", self.huber_delta),
-            ("grad_clip_norm", self.grad_clip_norm),
-        ):
-            if bound is not None and not bound > 0.0:
-                raise ValueError(f"LearnerConfig.{name} must be > 0 or None, got {bound}")
-
-
-def resolve_device(name: str) -> torch.device:
-    """Turn "auto"/"cpu"/"cuda"/"cuda:N" into a device that exists here."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as error:
-        raise ValueError(
-            f'unknown device {name!r}: use "auto", "cpu", "cuda" or "cuda:N"'
-        ) from error
-    if device.type == "cpu":
-        return device
-    if device.type != "cuda":
-        raise ValueError(f'unsupported device {name!r}: use "auto", "cpu", "cuda" or "cuda:N"')
-    if not torch.cuda.is_available():
-        raise ValueError(
-            f"device {name!r} requested but CUDA is not available "
-            f'(torch {torch.__version__}); use --device cpu or "auto"'
-        )
-    if device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(
-            f"device {name!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist"
-        )
-    return device
 
 
 def dqn_loss(  # noqa: PLR0917 (the contract keeps the paper's argument order)
@@ -446,21 +273,13 @@ class Learner:
     def target_period(self) -> int:
         """Updates between target updates: target_update_interval, longer for a data-rich learner.
 
-        A learner fed by others' experience makes more updates per env step
-        of its own, and with a fixed period its bootstrap target moves that
-        much faster against the same policy's data: in bench/federation_sim.py
-        (CartPole, models averaged every round, 4 participants, 1.8 updates
-        per own step) a period of 500 solved 0 of 10 seeds, 1,000 solved 6.
-        A lone learner is hurt by the longer period (6 of 10 with 500, 3 with
-        1,000 offline), so the period follows the data it receives: alone the
-        multiple is 1 and the run is the one it would be offline. Through the
-        server (bench/federation.py, CartPole, 5 seeds) the square root took
-        pairs from 1 of 5 solved to 4 of 5, at 1.8x fewer steps each than
-        one participant alone (a second run: 3 of 5, 1.1x), though most of
-        those pairs reached the target on one global version scored twice;
-        over 10 seeds scored on a member's own model, 1.09x and 1.42x in two
-        runs. One learner holding all of a pair's or a four's data, with this
-        period, got there 3.0x sooner (bench/federation.py's "pooled").
+        A learner fed by others' experience makes more updates per env step of
+        its own, and with a fixed period its bootstrap target would move that
+        much faster against the same policy's data. So the period grows with the
+        data multiple (transitions credited per own env step, set_data_multiple)
+        to the power target_period_data_exponent. Alone the multiple is 1, and
+        the run is the one it would be offline. The exponent's default:
+        docs/benchmarks.md, target period.
         """
         scale = math.pow(self._data_multiple, self.config.target_period_data_exponent)
         return max(1, round(self.config.target_update_interval * scale))
@@ -576,9 +395,9 @@ class Learner:
         net is kept. Federated adoption shifts by default: the change it
         applies is the other participants' progress, and a DQN whose target
         jumps to the online net at every adoption (every few episodes) loses
-        its stable bootstrap (fedrl.client.federation.weight_sync has the
-        figures). Adam's moments are kept in every case; they describe the
-        loss surface, which a nearby model shares.
+        its stable bootstrap (docs/benchmarks.md, target at adoption). Adam's
+        moments are kept in every case; they describe the loss surface, which
+        a nearby model shares.
         """
         if target not in TARGET_AT_ADOPTION:
             raise ValueError(
@@ -676,28 +495,3 @@ def _check_fits(what: str, module: nn.Module, saved: dict[str, Any]) -> None:
     if expected != got:
         differing = sorted(set(expected.items()) ^ set(got.items()))
         raise ValueError(f"learner state's {what} network does not fit this one: {differing[:4]}")
-
-
-def refuse_fixed_changes(
-    before: Any, after: Any, reconfigurable: frozenset[str], *, algorithm: str
-) -> None:
-    """ValueError when the config `after` differs from `before` outside `reconfigurable`: a
-    running learner built its networks, replay and optimizer from those fields."""
-    changed = sorted(
-        f.name
-        for f in dataclasses.fields(after)
-        if f.name not in reconfigurable and getattr(before, f.name) != getattr(after, f.name)
-    )
-    if changed:
-        raise ValueError(f"a running {algorithm} learner cannot change {changed}")
-
-
-def to_cpu(value: Any) -> Any:
-    """A copy of a nested state dict with every tensor moved to the CPU."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {key: to_cpu(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [to_cpu(item) for item in value]
-    return value

@@ -20,8 +20,9 @@ import torch
 from torch import nn
 
 from fedrl.client.training.cnn import is_image
+from fedrl.client.training.config_changes import refuse_fixed_changes
+from fedrl.client.training.device import resolve_device, to_cpu
 from fedrl.client.training.distributed import GradientSync
-from fedrl.client.training.learner import refuse_fixed_changes, resolve_device, to_cpu
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.policy_network import ActorCritic, build_actor_critic
 from fedrl.client.training.q_network import load_named_arrays, named_arrays

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from fedrl.client.federation.sync_state import NamedArrays
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
+from fedrl.client.training.learner_config import LearnerConfig
 
 
 def offline_weights(config: EngineConfig, learner: LearnerConfig, rounds: int) -> list[NamedArrays]:

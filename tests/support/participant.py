@@ -15,8 +15,9 @@ from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.sync_loop import Share, SyncLoop
 from fedrl.client.federation.sync_plan import SyncPlan
-from fedrl.client.training.engine import EngineConfig, TrainingEngine
-from fedrl.client.training.learner import LearnerConfig
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
+from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
 
 SMALL = LearnerConfig(hidden=(32, 32), learning_starts=64, batch_size=32, device="cpu")
