@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from pyarrow import feather
 
 from fedrl.client.commands.cli import main
+from fedrl.client.federation.model_spec import model_spec
+from fedrl.common.spec import spec_hash
 from fedrl.envs import postgres_bars
 from fedrl.envs.bars import MarketDataError, MarketDataUnavailableError
 from fedrl.envs.columnar_bars import load_columnar
@@ -354,3 +356,17 @@ def test_binary_copy_parses_the_same_whatever_the_message_boundaries(
         np.testing.assert_array_equal(parsed[name], rows[name])
     with pytest.raises(MarketDataError, match="ended mid-row"):
         postgres_bars.parse_rows([memoryview(stream[:-3])], dtype, "db")
+
+
+def test_the_model_spec_does_not_depend_on_the_symbols(tmp_path: Path) -> None:
+    # Two traders with different symbols (and histories) must be able to share a session.
+    pq.write_table(table_of(("AAA",), n=1_000), tmp_path / "a.parquet")
+    pq.write_table(table_of(("XXX", "YYY"), n=1_400), tmp_path / "b.parquet")
+    weights = [("w", np.zeros((4, 4), np.float32))]
+
+    specs = [
+        model_spec("fedrl/Trading-v0", weights, "dqn", data=str(tmp_path / name))
+        for name in ("a.parquet", "b.parquet")
+    ]
+
+    assert spec_hash(specs[0]) == spec_hash(specs[1])
