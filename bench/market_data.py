@@ -11,8 +11,8 @@ the bars and features themselves are 80 bytes a bar).
     .venv/bin/python bench/market_data.py [--quick] [--repeats 3] [--drivers]
 
 `--drivers` also times the PostgreSQL read alone, rows to numpy or Arrow, three ways:
-fedrl's reader (psycopg's binary COPY parsed by numpy), psycopg's row API on the same COPY,
-and connectorx to Arrow when it is installed (`pip install connectorx`: not a dependency;
+fedrl's reader (psycopg's binary COPY parsed by numpy), psycopg's row API (fetchall), and
+connectorx to Arrow when it is installed (`pip install connectorx`: not a dependency;
 it needs the password in the URL).
 
 The last line of stdout is one JSON object with every figure.
@@ -59,7 +59,8 @@ def make_bars(total: int) -> dict[str, Any]:
 def write_text(columns: dict[str, Any], path: Path, *, postgres: bool) -> None:
     """A CSV (header, epoch ms) or PostgreSQL's COPY text (no header, ISO times)."""
     times = (
-        np.datetime_as_string(columns["time_ns"].astype("datetime64[us]")).astype(object) + "+00"
+        np.datetime_as_string(columns["time_ns"].astype("datetime64[ns]"), unit="us").astype(object)
+        + "+00"
         if postgres
         else (columns["time_ns"] // 1_000_000).astype(str)
     )
@@ -103,10 +104,12 @@ def timed_read(data: str, queue: Any) -> None:
     start = time.perf_counter()
     env = trading.TradingEnv(data=data)
     seconds = time.perf_counter() - start
-    queue.put((seconds, env.market.data.bar_count, high_water_mb() - before))
+    # What was read, so the sources can be checked to hold the same bars.
+    digest = (int(env.market.time_ns.sum()), float(env.market.close.sum()))
+    queue.put((seconds, env.market.data.bar_count, high_water_mb() - before, digest))
 
 
-def measure(data: str, repeats: int) -> dict[str, float]:
+def measure(data: str, repeats: int) -> dict[str, Any]:
     context = multiprocessing.get_context("spawn")
     runs = []
     for _ in range(repeats):
@@ -121,6 +124,7 @@ def measure(data: str, repeats: int) -> dict[str, float]:
         "min_s": min(seconds),
         "bars": runs[0][1],
         "peak_mb_added": float(np.median([r[2] for r in runs])),
+        "digest": runs[0][3],
     }
 
 
@@ -137,13 +141,9 @@ def driver_seconds(server: Any) -> dict[str, float]:
     read_source(server.url(), MarketSource())
     seconds["fedrl (psycopg binary COPY + numpy)"] = time.perf_counter() - start
     start = time.perf_counter()
-    with (
-        psycopg.connect(server.conninfo()) as connection,
-        connection.cursor().copy(f"COPY ({query}) TO STDOUT (FORMAT BINARY)") as copy,
-    ):
-        copy.set_types(["text", "timestamptz", "float8", "float8", "float8", "float8", "float8"])
-        rows = list(copy.rows())
-    seconds["psycopg copy.rows()"] = time.perf_counter() - start
+    with psycopg.connect(server.conninfo()) as connection:
+        rows = connection.execute(query).fetchall()
+    seconds["psycopg fetchall() (a tuple per row)"] = time.perf_counter() - start
     del rows
     try:
         import connectorx  # noqa: PLC0415
@@ -199,6 +199,9 @@ def main() -> None:
             "parquet": measure(str(parquet), repeats),
         }
         drivers = driver_seconds(server) if args.drivers else {}
+    digests = {name: f.pop("digest") for name, f in figures.items()}
+    if len(set(digests.values())) != 1:
+        raise SystemExit(f"the sources hold different bars: {digests}")
 
     print(f"{total:,} bars of {len(SYMBOLS)} symbols into fedrl/Trading-v0 (read + features)")
     print(f"{'source':<12}{'median s':>10}{'min s':>10}{'peak MB added':>16}")
