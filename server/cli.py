@@ -10,7 +10,6 @@ Every command's options come from its config dataclass (fedrl.common.config_cli)
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import sys
 import time
@@ -27,13 +26,14 @@ from fedrl.common.status_table import render_status
 from fedrl.common.tls import ParticipantBundle, TlsMaterialError
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
-from fedrl.server.app import ServiceRegistration, serve
+from fedrl.server.app import serve
 from fedrl.server.config import ServerConfig
-from fedrl.server.experience_exchange import ExperienceConfig
-from fedrl.server.experience_service import experience_service
-from fedrl.server.session import DB_FILE, DEFAULT_SESSION
-from fedrl.server.state_db import StateDB
-from fedrl.server.tls_commands import init_tls, issue, revoke
+from fedrl.server.experience.exchange import ExperienceConfig
+from fedrl.server.experience.service import experience_service
+from fedrl.server.names import DB_FILE, DEFAULT_SESSION
+from fedrl.server.security.tls_commands import init_tls, issue, revoke
+from fedrl.server.status.read_model import StatusView
+from fedrl.server.storage.state_db import StateDB
 
 _DEFAULTS = ServerConfig()
 
@@ -77,11 +77,11 @@ def run_serve(config: ServeConfig) -> None:
     )
     server = config.server
     try:
-        services = [experience_registration(server)]
+        experience = ExperienceConfig(chunk_bytes=server.chunk_bytes, limits=server.limits)
         asyncio.run(
             serve(
                 server,
-                extra_services=services,
+                extra_services=[experience_service(server.data_dir, experience)],
                 on_ready=lambda port: _announce(server, port),
                 on_dashboard=_announce_dashboard,
             )
@@ -90,14 +90,6 @@ def run_serve(config: ServeConfig) -> None:
         raise click.UsageError(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(str(exc)) from None
-
-
-def experience_registration(config: ServerConfig) -> ServiceRegistration:
-    """The ExperienceExchange service beside Federation, closed with the server."""
-    registration, exchange = experience_service(
-        config.data_dir, ExperienceConfig(chunk_bytes=config.chunk_bytes, limits=config.limits)
-    )
-    return dataclasses.replace(registration, close=exchange.close)
 
 
 def _announce(config: ServerConfig, port: int) -> None:
@@ -146,7 +138,7 @@ def status_command(config: StatusConfig) -> None:
             f"no server state in {config.data_dir}: start fedrl-server there, or pass --data-dir"
         ) from None
     try:
-        reply = db.status(
+        reply = StatusView(db).read(
             config.session or None, config.versions or ALL_VERSIONS, int(time.time() * 1000)
         )
     finally:

@@ -7,19 +7,17 @@ options and fields match one to one.
 
 from __future__ import annotations
 
-import math
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from fedrl.common.config_cli import doc
 from fedrl.common.identity import validate_participant_id
-from fedrl.server.limits import LimitsConfig
+from fedrl.server.strategy.registry import STRATEGY_NAMES, strategy_from_settings
+from fedrl.server.strategy.strategy import Rule
+from fedrl.server.transport.limits import LimitsConfig
 
-Strategy = Literal["mean", "trimmed_mean", "median"]
-STRATEGIES: tuple[Strategy, ...] = typing.get_args(Strategy)
 _LIMITS = LimitsConfig()
+_RULE = Rule()
 
 
 @dataclass(frozen=True)
@@ -38,13 +36,13 @@ class ServerConfig:
     )
     goal_episodes: int = field(default=1000, metadata=doc("Total-episodes goal of a new session."))
     max_staleness: int = field(
-        default=16,
+        default=_RULE.max_staleness,
         metadata=doc(
             "Oldest accepted base version, in versions behind the newest; older is refused."
         ),
     )
     buffer_size: int = field(
-        default=0,
+        default=_RULE.buffer_size,
         metadata=doc(
             "Buffered updates (K) that trigger a new global version; 0: one per participant "
             "who pushed within --active-window-s (K = N, so a lone participant's every update "
@@ -52,14 +50,14 @@ class ServerConfig:
         ),
     )
     active_window_s: float = field(
-        default=60.0,
+        default=_RULE.active_window_s,
         metadata=doc(
             "With --buffer-size 0, a participant counts toward K while its last push is this "
             "recent (one that crashed stops holding versions back; one that leaves stops at once)."
         ),
     )
     buffer_timeout_s: float = field(
-        default=5.0,
+        default=_RULE.buffer_timeout_s,
         metadata=doc("A non-empty buffer becomes a version after this many seconds even below K."),
     )
     max_pending: int = field(
@@ -68,24 +66,39 @@ class ServerConfig:
             "Acknowledged updates not yet in a version; beyond it pushes wait (bounds memory)."
         ),
     )
-    strategy: Strategy = field(
-        default="mean", metadata=doc(f"Aggregation strategy: {', '.join(STRATEGIES)}.")
+    strategy: str = field(
+        default="mean",
+        metadata=doc(
+            f"Aggregation strategy: {', '.join(STRATEGY_NAMES)} (see fedrl.server.strategy)."
+        ),
     )
     trim_fraction: float = field(
         default=0.2,
         metadata=doc("Share of updates cut at each end per coordinate by trimmed_mean."),
     )
     clip_norm: float = field(
-        default=0.0, metadata=doc("Clip each update's L2 norm to this (0: no clipping).")
+        default=_RULE.clip_norm,
+        metadata=doc("Clip each update's L2 norm to this (0: no clipping)."),
     )
     server_lr: float = field(
-        default=1.0, metadata=doc("Server learning rate: global += lr * aggregate.")
+        default=_RULE.server_lr,
+        metadata=doc(
+            "Server learning rate: global += lr * velocity (the aggregate, without momentum)."
+        ),
+    )
+    server_momentum: float = field(
+        default=_RULE.server_momentum,
+        metadata=doc(
+            "Server momentum (FedAvgM): velocity = momentum * velocity + aggregate, in [0, 1); "
+            "0: none. The velocity is kept with each version and survives a restart."
+        ),
     )
     max_samples: int = field(
-        default=100_000, metadata=doc("Cap on the sample count an update may claim for its weight.")
+        default=_RULE.max_samples,
+        metadata=doc("Cap on the sample count an update may claim for its weight."),
     )
     staleness_exponent: float = field(
-        default=0.5,
+        default=_RULE.staleness_exponent,
         metadata=doc("Staleness weight is (1 + s) ** -exponent (FedBuff's polynomial decay)."),
     )
     keep_last: int = field(
@@ -126,15 +139,15 @@ class ServerConfig:
         metadata=doc("One session's strategy as SESSION=STRATEGY, overriding --strategy; repeat."),
     )
     max_update_norm: float = field(
-        default=0.0,
+        default=_RULE.max_update_norm,
         metadata=doc("Refuse an update whose L2 norm exceeds this (0: no bound, trusted groups)."),
     )
     update_norm_factor: float = field(
-        default=20.0,
+        default=_RULE.update_norm_factor,
         metadata=doc(
             "Refuse an update whose L2 norm exceeds this many times the median of the "
             "session's last 32 accepted updates' norms (before 4 are known: the global "
-            "model's norm); 0: off. See fedrl.server.norm_bound."
+            "model's norm); 0: off. See fedrl.server.strategy.norm_bound."
         ),
     )
     pbt_ready_steps: int = field(
@@ -148,7 +161,8 @@ class ServerConfig:
         default=0.25,
         metadata=doc(
             "Population sessions: share of ranked members in the top and in the bottom (at "
-            "least one each); a bottom member copies a top one. See fedrl.server.exploit_explore."
+            "least one each); a bottom member copies a top one. "
+            "See fedrl.server.population.exploit_explore."
         ),
     )
     pbt_resample_probability: float = field(
@@ -206,12 +220,29 @@ class ServerConfig:
 
     @property
     def limits(self) -> LimitsConfig:
-        """The per-participant call limits, as fedrl.server.limits takes them."""
+        """The per-participant call limits, as fedrl.server.transport.limits takes them."""
         return LimitsConfig(
             max_streams_per_participant=self.max_streams_per_participant,
             push_rate_per_s=self.push_rate_per_s,
             push_burst=self.push_burst,
             stream_idle_timeout_s=self.stream_idle_timeout_s,
+        )
+
+    @property
+    def rule(self) -> Rule:
+        """What every session's strategy applies alike (fedrl.server.strategy.strategy)."""
+        return Rule(
+            max_staleness=self.max_staleness,
+            max_samples=self.max_samples,
+            staleness_exponent=self.staleness_exponent,
+            max_update_norm=self.max_update_norm,
+            update_norm_factor=self.update_norm_factor,
+            clip_norm=self.clip_norm,
+            server_lr=self.server_lr,
+            server_momentum=self.server_momentum,
+            buffer_size=self.buffer_size,
+            buffer_timeout_s=self.buffer_timeout_s,
+            active_window_s=self.active_window_s,
         )
 
     def strategy_for(self, session: str) -> str:
@@ -228,7 +259,6 @@ class ServerConfig:
             "keep_last": self.keep_last,
             "keep_every": self.keep_every,
             "goal_episodes": self.goal_episodes,
-            "max_samples": self.max_samples,
             "sync_interval": self.sync_interval,
             "status_versions": self.status_versions,
             "dashboard_versions": self.dashboard_versions,
@@ -247,36 +277,19 @@ class ServerConfig:
                 f"max_pending ({self.max_pending}) must be at least buffer_size "
                 f"({self.buffer_size}), or a full buffer could never form"
             )
-        if self.buffer_size < 0:
-            raise ValueError(f"buffer_size must be >= 0 (0: automatic), got {self.buffer_size}")
-        if not self.active_window_s > 0:
-            raise ValueError(f"active_window_s must be positive, got {self.active_window_s}")
-        if self.max_staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
-        if self.buffer_timeout_s <= 0 or self.grace_s < 0:
-            raise ValueError("buffer_timeout_s must be positive and grace_s non-negative")
-        if self.strategy not in STRATEGIES:
-            raise ValueError(
-                f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}"
-            )
-        if not 0 <= self.trim_fraction < 0.5:
-            raise ValueError(f"trim_fraction must be in [0, 0.5), got {self.trim_fraction}")
-        if self.clip_norm < 0 or self.server_lr <= 0 or self.staleness_exponent < 0:
-            raise ValueError("clip_norm and staleness_exponent must be >= 0, server_lr > 0")
-        if not (math.isfinite(self.max_update_norm) and self.max_update_norm >= 0):
-            raise ValueError(f"max_update_norm must be finite and >= 0, got {self.max_update_norm}")
-        if not (math.isfinite(self.update_norm_factor) and self.update_norm_factor >= 0):
-            raise ValueError(
-                f"update_norm_factor must be finite and >= 0 (0: off), got "
-                f"{self.update_norm_factor}"
-            )
+        if self.grace_s < 0:
+            raise ValueError(f"grace_s must be >= 0, got {self.grace_s}")
+        # The rule checks its own fields, and each named strategy its options
+        # (trim_fraction, say), each naming the one that is wrong.
+        rule = self.rule
+        for name in {self.strategy, *_strategies_by_session(self.session_strategy).values()}:
+            strategy_from_settings(name, rule, self)
         if not 0.0 < self.pbt_quantile <= 0.5:
             raise ValueError(f"pbt_quantile must lie in (0, 0.5], got {self.pbt_quantile}")
         if not 0.0 <= self.pbt_resample_probability <= 1.0:
             raise ValueError(
                 f"pbt_resample_probability must lie in [0, 1], got {self.pbt_resample_probability}"
             )
-        _strategies_by_session(self.session_strategy)
         # LimitsConfig checks its own fields and names the one that is wrong.
         _ = self.limits
         # A chunk plus its protobuf framing must fit one message with room to spare.
@@ -293,10 +306,10 @@ def _strategies_by_session(entries: tuple[str, ...]) -> dict[str, str]:
     for entry in entries:
         # rpartition: a session name may itself contain "=", a strategy name never does.
         name, equals, strategy = entry.rpartition("=")
-        if not equals or strategy not in STRATEGIES:
+        if not equals or strategy not in STRATEGY_NAMES:
             raise ValueError(
                 f"session_strategy entry {entry!r} must be SESSION=STRATEGY with a strategy "
-                f"among {', '.join(STRATEGIES)}"
+                f"among {', '.join(STRATEGY_NAMES)}"
             )
         try:
             session = validate_participant_id(name)

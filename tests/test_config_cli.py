@@ -36,7 +36,7 @@ from fedrl.server.cli import (
     status_command,
 )
 from fedrl.server.cli import main as server_main
-from fedrl.server.tls_commands import (
+from fedrl.server.security.tls_commands import (
     InitTlsConfig,
     IssueConfig,
     RevokeConfig,

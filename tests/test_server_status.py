@@ -20,11 +20,12 @@ from fedrl.common.status_file import read_status_file
 from fedrl.common.status_table import display_width, render_status
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.server.app import run_server
-from fedrl.server.auth import InsecureBindError
 from fedrl.server.cli import main, serve_command
 from fedrl.server.config import ServerConfig
-from fedrl.server.session import DB_FILE
-from fedrl.server.state_db import StateDB
+from fedrl.server.names import DB_FILE
+from fedrl.server.security.auth import InsecureBindError
+from fedrl.server.status.read_model import StatusView
+from fedrl.server.storage.state_db import StateDB
 from tests.support.server_harness import (
     InProcessServer,
     ServerProcess,
@@ -253,7 +254,7 @@ def test_each_version_counts_the_env_steps_folded_into_it_and_its_ancestors(
             versions = stub.Status(pb.StatusRequest()).sessions[0].versions
             seen.append([(v.version, v.env_steps) for v in versions])
     db = StateDB(config.data_dir / DB_FILE, read_only=True)
-    reread = db.status(None, 10, 0)
+    reread = StatusView(db).read(None, 10, 0)
     db.close()
 
     assert seen == [[(1, 100), (0, 0)], [(2, 350), (1, 100), (0, 0)]]

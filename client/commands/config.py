@@ -137,7 +137,7 @@ class TrainConfig:
             "Sync in rounds only while at least this many members push weights (the "
             "server's count of those it heard from within its --active-window-s), "
             "asynchronously while fewer do: on CartPole and LunarLander rounds made fours "
-            "faster and pairs slower (README). 1: rounds at any size."
+            "faster and pairs slower (docs/federation.md). 1: rounds at any size."
         ),
     )
     shared_warmup: bool = field(

@@ -74,7 +74,7 @@ _RETRYABLE = frozenset(
 
 
 # RESOURCE_EXHAUSTED means "slow down" when a rate or stream limit answered
-# (fedrl.server.limits words its messages so), but "never" when a size limit
+# (fedrl.server.transport.limits words its messages so), but "never" when a size limit
 # did: resending an oversized update would be refused forever.
 _THROTTLED = ("rate limit", "stream limit")
 

@@ -28,12 +28,10 @@ outbox (bounded wait), and the caller saves.
 
 Synchronous rounds (`--round-wait-s`; with `--rounds-from`, only while
 that many members push weights: fedrl.client.federation.sync_plan).
-Asynchronously a member adopts
-a version at its next sync after the version formed, so its model meets
-the others' only every few syncs, and late: on CartPole's fours that kept
-the group at 1.5-1.8x a lone learner's speed, where averaging every round
-gave 5.4x in a lock-step simulation of the same engines
-(bench/federation_sim.py, README "Where the fours lose it"). In rounds,
+Asynchronously a member adopts a version at its next sync after the
+version formed, so its model meets the others' only every few syncs, and
+late; rounds average every member's model every round, as the lock-step
+simulation (bench/federation_sim.py) does with nothing late. In rounds,
 every member syncs every `sync_steps` env steps and episodes do not
 trigger syncs, so all push at the same steps; after queueing its
 experience and seeing it acknowledged, a member pushes its update and
