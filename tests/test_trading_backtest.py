@@ -21,6 +21,7 @@ from fedrl.client.commands.backtest import (
     run_backtest,
 )
 from fedrl.client.training.q_network import build_q_network
+from fedrl.common.config_help import FieldOption
 from fedrl.envs.market_source import MarketSource
 from fedrl.envs.trading import TradingEnv
 from fedrl.envs.trading_config import TradingConfig
@@ -215,7 +216,8 @@ def test_command_refuses_a_non_trading_env(tmp_path: Path) -> None:
 
 def test_command_env_options_match_the_config_fields() -> None:
     command = make_backtest_command()
-    options = {p.name for p in command.params} - {"model_path", "env_id", "out"}
+    fields_of_command = {p.name for p in command.params if isinstance(p, FieldOption)}
+    options = fields_of_command - {"model_path", "env_id", "out"}
     fields = {f.name for f in dataclasses.fields(TradingConfig)} - {"source"}
     source_fields = {f.name for f in dataclasses.fields(MarketSource)}
 
