@@ -121,10 +121,6 @@ class TrainConfig:
         default_factory=EngineConfig,
         metadata=section("Environments, actors, exploration, evaluation."),
     )
-    market: MarketSource = field(
-        default_factory=MarketSource,
-        metadata=section("fedrl/Trading-v0: which bars of --data to trade."),
-    )
     learner: LearnerConfig = field(
         default_factory=LearnerConfig,
         # The learner's seed comes from the engine's seed stream.
@@ -233,6 +229,10 @@ class TrainConfig:
     exchange: ExchangeConfig = field(
         default_factory=ExchangeConfig,
         metadata=section("Experience exchange (federated DQN runs)."),
+    )
+    market: MarketSource = field(
+        default_factory=MarketSource,
+        metadata=section("fedrl/Trading-v0: which of its data's bars to trade."),
     )
     tls: ConnectionSecurity = field(
         default_factory=ConnectionSecurity,
