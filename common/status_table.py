@@ -87,6 +87,7 @@ def render_session(state: pb.SessionState) -> str:
             "repeats",
             "best eval",
             "last seen",
+            "data",
         ],
         [
             [
@@ -99,6 +100,7 @@ def render_session(state: pb.SessionState) -> str:
                 str(p.updates_duplicate),
                 _optional(p, "best_eval_return"),
                 _time(p.last_seen_unix_ms),
+                f"SYNTHETIC: {p.data_source}" if p.synthetic_data else p.data_source,
             ]
             for p in state.participants
         ],

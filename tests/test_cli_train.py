@@ -20,8 +20,9 @@ from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.ppo_learner import PPOConfig
 from fedrl.common.config_help import FieldOption
 from fedrl.common.group_rules import RuleChoices
+from fedrl.envs.market_source import MarketSource
 
-SECTIONS = ("rules", "tls", "engine", "learner", "network", "ppo", "exchange")
+SECTIONS = ("rules", "tls", "engine", "learner", "network", "ppo", "exchange", "market")
 """TrainConfig fields that are configs of their own; their fields become options too."""
 DERIVED = {("learner", "seed"), ("ppo", "seed"), ("ppo", "device"), ("ppo", "amp")}
 """Fields with no option: learner seeds come from the engine's seed stream, PPO's device and
@@ -53,6 +54,7 @@ def test_every_config_field_has_an_option_and_every_option_a_field() -> None:
         ("network", NetworkConfig),
         ("ppo", PPOConfig),
         ("exchange", ExchangeConfig),
+        ("market", MarketSource),
     ):
         fields |= {f.name for f in dataclasses.fields(cls) if (section, f.name) not in DERIVED}
 

@@ -35,6 +35,8 @@ from fedrl.client.commands.learners import (
     stop_on_signals,
     with_default_workers,
 )
+from fedrl.client.commands.market import SYNTHETIC_TAG, prepare_market
+from fedrl.client.commands.market import label as market_label
 from fedrl.client.commands.plot import plot_command
 from fedrl.client.commands.progress import ProgressReporter, TrainingProgress, mean_epsilon
 from fedrl.client.commands.record import record_command
@@ -138,6 +140,7 @@ def main(ctx: click.Context, /, config: TrainConfig, print_config: bool) -> None
             return
         if config.offline and not config.participant_id:
             raise click.UsageError("--participant-id is required to train")
+        config = prepare_market(config)
         if not config.offline:
             config = resolve_participant_id(config)
         if place is not None and ranked:
@@ -255,6 +258,7 @@ def train_federated(config: TrainConfig, ranks: RankGroup | None = None) -> Coun
             exchange=config.exchange,
             target_at_adoption=config.target_at_adoption,
             on_record=lambda record: state.append_metrics([record]),
+            data=market_label(config),
         )
         run.closes_first(sync)
         joined = sync.start()
@@ -431,7 +435,9 @@ def _start(
     state.save_config(train_config_toml(config))
     engine.start()
     start = engine.counters.episodes
-    reporter = ProgressReporter(interval_s=config.log_interval)
+    market = market_label(config)
+    description = "train" if market is None or not market.synthetic else f"train {SYNTHETIC_TAG}"
+    reporter = ProgressReporter(interval_s=config.log_interval, description=description)
     progress = TrainingProgress(
         reporter,
         target=start + config.episodes,
@@ -492,7 +498,13 @@ def open_state_dir(config: TrainConfig, engine: TrainingEngine) -> StateDir:
     try:
         logdir = tensorboard_dir(config.tensorboard, config.state_dir, config.participant_id)
         events = None if logdir is None else TrainingEvents(logdir, epsilon=_epsilon(config))
-        return StateDir(config.state_dir, config.participant_id, identity, events=events)
+        return StateDir(
+            config.state_dir,
+            config.participant_id,
+            identity,
+            events=events,
+            market=market_label(config),
+        )
     except BaseException:
         engine.close()
         raise

@@ -4,8 +4,8 @@ One frozen dataclass per command (habit from CleanRL): the options, their
 defaults and their help text all come from the fields and their metadata
 (fedrl.common.config_cli), so the two cannot drift apart. The engine, the
 learner, the networks, PPO, the session's rules (fedrl.common.group_rules),
-the experience exchange and the connection's security are sections: their
-own configs, whose fields are options of this
+the experience exchange, the trading market and the connection's security
+are sections: their own configs, whose fields are options of this
 command too; the command's own fields are in the run, federation and output
 sections. The sections head the help and are the tables of a config file
 (`--config`). `--algo` picks the learner; the options only the other one reads
@@ -32,6 +32,7 @@ from fedrl.client.training.q_network import architecture_name
 from fedrl.common.config_cli import Section, doc, section
 from fedrl.common.config_file import config_to_toml
 from fedrl.common.group_rules import GroupRules, RuleChoices
+from fedrl.envs.market_source import MarketSource
 
 Role = Literal["learner", "actor"]
 """Whether a participant trains (learner) or only acts for the session's learners (actor)."""
@@ -168,6 +169,10 @@ class TrainConfig:
     exchange: ExchangeConfig = field(
         default_factory=ExchangeConfig,
         metadata=section("This participant's experience exchange (federated DQN runs)."),
+    )
+    market: MarketSource = field(
+        default_factory=MarketSource,
+        metadata=section("fedrl/Trading-v0: which of its data's bars to trade."),
     )
     tls: ConnectionSecurity = field(
         default_factory=ConnectionSecurity,

@@ -4,7 +4,8 @@ Layout of `<root>/<participant id>/`:
   model.pt       latest weights and the counters they belong to (every few episodes)
   best.pt        weights of the best greedy evaluation so far
   progress.pt    counters plus the learner's full state: networks, optimizer, schedules
-  metrics.jsonl  one JSON object per episode and per evaluation, appended
+  metrics.jsonl  one JSON object per episode and per evaluation, appended (each says
+                 "synthetic_data": true when a trading run trades synthetic bars)
   config.toml    the configuration of the latest run, as a config file: `fedrl-client config`
                  prints it, `fedrl-client --config` runs it again
   events.out.tfevents.*  the same records as TensorBoard scalars (unless --tensorboard
@@ -35,6 +36,7 @@ import numpy.typing as npt
 import torch
 
 from fedrl.client.commands.training_events import TrainingEvents
+from fedrl.client.federation.federation_client import DataLabel
 from fedrl.client.training.counters import Counters, PollResult
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.common.durable_files import write_atomically
@@ -86,8 +88,12 @@ class StateDir:
         identity: ModelIdentity,
         *,
         events: TrainingEvents | None = None,
+        market: DataLabel | None = None,
     ) -> None:
         self.participant_id = validate_participant_id(participant_id)
+        self._market = market
+        """A trading run's bars: named in every saved model, and in every metrics record
+        when they are synthetic."""
         self.path = Path(root) / safe_dirname(self.participant_id)
         self.identity = identity
         self._metrics: TextIO | None = None
@@ -128,6 +134,8 @@ class StateDir:
         if self._metrics is None:
             self.path.mkdir(parents=True, exist_ok=True)
             self._metrics = (self.path / METRICS_FILE).open("a", encoding="utf-8")
+        if self._market is not None and self._market.synthetic:
+            records = [{**record, "synthetic_data": True} for record in records]
         for record in records:
             self._metrics.write(json.dumps(record, ensure_ascii=False) + "\n")
         self._metrics.flush()
@@ -148,6 +156,16 @@ class StateDir:
             **self._identity_dict(),
             "counters": dataclasses.asdict(counters),
             "tensors": {name: torch.from_numpy(np.ascontiguousarray(a)) for name, a in weights},
+            **(
+                {}
+                if self._market is None
+                else {
+                    "data": {
+                        "source": self._market.source,
+                        "synthetic": self._market.synthetic,
+                    }
+                }
+            ),
         }
 
     def _identity_dict(self) -> dict[str, str]:

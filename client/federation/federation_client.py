@@ -94,6 +94,14 @@ def _translate(exc: grpc.aio.AioRpcError, what: str) -> ServerCallError:
 
 
 @dataclass(frozen=True)
+class DataLabel:
+    """What a participant trains on (a trading run's market), as status shows it."""
+
+    source: str
+    synthetic: bool
+
+
+@dataclass(frozen=True)
 class Timeouts:
     """Deadlines of Federation calls, in seconds."""
 
@@ -195,13 +203,15 @@ class FederationClient:
         client_version: str = "",
         mode: str = "",
         rules: pb.GroupRules | None = None,
+        data: DataLabel | None = None,
     ) -> pb.JoinReply:
         """Enter the session; SpecMismatchError when the local model (or `mode`, or `rules`)
         does not fit it.
 
         `mode` "pbt" joins (or creates) a population session instead of an averaging one.
         `rules`: the session's rules this participant chose (they fix a new session's; an
-        existing session refuses them where its own differ).
+        existing session refuses them where its own differ). `data` says what the
+        participant trains on, for status and the dashboard.
         """
         digest = spec_hash(spec)
         request = pb.JoinRequest(
@@ -212,6 +222,8 @@ class FederationClient:
             client_version=client_version,
             mode=mode,
             rules=rules,
+            data_source=data.source if data is not None else "",
+            synthetic_data=data.synthetic if data is not None else False,
         )
         try:
             reply: pb.JoinReply = await self._unary(self._stub.Join, request, "join")

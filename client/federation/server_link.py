@@ -45,7 +45,7 @@ from fedrl.client.federation.errors import (
     SyncError,
     UnavailableError,
 )
-from fedrl.client.federation.federation_client import FederationClient
+from fedrl.client.federation.federation_client import DataLabel, FederationClient
 from fedrl.client.federation.loop_thread import LoopThread
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
@@ -109,10 +109,13 @@ class ServerLink:
         spec: tpb.ModelSpec,
         backoff: BackoffPolicy,
         rules: pb.GroupRules | None = None,
+        data: DataLabel | None = None,
     ) -> None:
-        """`rules`: the session's rules this participant chose, sent with every Join."""
+        """`rules`: the session's rules this participant chose, and `data`: what it trains on,
+        both told to the server at every Join."""
         self._channel_factory = channel_factory
         self._rules = rules
+        self._data = data
         self._participant_id = participant_id
         self._session = session
         self._spec = spec
@@ -296,7 +299,7 @@ class ServerLink:
 
     async def _join_only(self) -> pb.JoinReply:
         try:
-            return await self.client.join(self._spec, rules=self._rules)
+            return await self.client.join(self._spec, rules=self._rules, data=self._data)
         except SpecMismatchError as exc:
             raise SyncError(str(exc)) from None
 

@@ -81,6 +81,7 @@ from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.errors import SyncError, UnavailableError
 from fedrl.client.federation.experience_cursor import CursorFile
 from fedrl.client.federation.experience_sync import ExchangeConfig, ExperienceSync
+from fedrl.client.federation.federation_client import DataLabel
 from fedrl.client.federation.global_scoring import VersionScore
 from fedrl.client.federation.observation_bounds import ObservationBounds
 from fedrl.client.federation.outbox import Outbox, OutboxLimits
@@ -136,6 +137,7 @@ class SyncLoop:
         exchange: ExchangeConfig = _DEFAULT_EXCHANGE,
         target_at_adoption: TargetAtAdoption = "shift",
         on_record: Callable[[dict[str, Any]], None] | None = None,
+        data: DataLabel | None = None,
     ) -> None:
         """`rules`: the session's rules this participant chose explicitly. Everything else
         of how it syncs and what it shares comes from the session's rules, which the join
@@ -145,7 +147,9 @@ class SyncLoop:
         DQN engine: other participants' transitions go into its replay,
         TrainingEngine.add_foreign). `target_at_adoption` is what the learner's target
         network does when a global model is adopted (Learner.set_weights).
-        `on_record` receives one metrics record per push ("sync") and adoption ("adopt")."""
+        `on_record` receives one metrics record per push ("sync") and adoption ("adopt").
+        `data` says what this participant trains on, for the server's status."""
+        self._data = data
         self._engine = engine
         self._dir = state_dir
         self._participant_id = participant_id
@@ -303,6 +307,7 @@ class SyncLoop:
             spec=self._spec,
             backoff=self._backoff,
             rules=choices_to_proto(self._choices),
+            data=self._data,
         )
         try:
             link.start()

@@ -79,6 +79,8 @@ log = logging.getLogger(__name__)
 
 NO_CHOICES = RuleChoices()
 """A Join that chose none of the session's rules: it takes the session's."""
+MAX_DATA_SOURCE_CHARS = 1_000
+"""A data source is a URL and a table or query name: a line, never a document."""
 
 
 class Observer(Protocol):
@@ -200,12 +202,19 @@ class Federation:
         *,
         mode: str = "",
         rules: RuleChoices = NO_CHOICES,
+        data: tuple[str, bool] = ("", False),
     ) -> JoinResult:
         """Enter the session, creating it if need be: `mode` and the rules the participant
         chose (`rules`) fix a new session's; an existing session refuses a participant whose
-        mode, model or rules differ from its own."""
+        mode, model or rules differ from its own. `data`: what the participant trains on
+        (source, synthetic), for status."""
         name = validate_session_name(session_name)
         pid = validate_id(participant_id)
+        source, synthetic = data
+        if len(source) > MAX_DATA_SOURCE_CHARS:
+            raise InvalidRequestError(
+                f"data_source has {len(source)} characters; at most {MAX_DATA_SOURCE_CHARS}"
+            )
         mode = mode or FEDERATED
         if mode not in (FEDERATED, POPULATION):
             raise InvalidRequestError(
@@ -237,6 +246,7 @@ class Federation:
             raise PreconditionError(refused)
         now = now_ms()
         await self._db(lambda db: db.touch_participant(name, pid, "active", now))
+        await self._db(lambda db: db.set_participant_data(name, pid, source, synthetic))
         experience_sequence = await self._db(lambda db: last_acknowledged(db.connection, name, pid))
         session.participants.add(pid)
         session.active.add(pid)

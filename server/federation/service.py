@@ -125,6 +125,7 @@ class FederationServicer(pb_grpc.FederationServicer):
                 request.spec,
                 request.spec_hash,
                 mode=request.mode,
+                data=(request.data_source, request.synthetic_data),
                 rules=choices_from_proto(request.rules),
             )
             return pb.JoinReply(
