@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedrl.client.training.device_replay import DeviceReplay
 from fedrl.client.training.frame_replay import FrameReplay
 from fedrl.client.training.learner import Learner
 from fedrl.client.training.learner_config import LearnerConfig
@@ -147,6 +148,16 @@ def test_a_frame_replays_device_copy_rebuilds_the_stacks_the_host_rebuilds() -> 
     dead = np.setdiff1d(np.arange(400), live)
     assert np.all(mirror.priorities.values[torch.from_numpy(dead)].numpy() == 0)
     assert mirror.size.item() == len(replay)
+
+
+@pytest.mark.parametrize("obs_shape", [OBS, OBS_SHAPE], ids=["rows", "frames"])
+def test_a_device_replay_takes_the_memory_it_is_sized_for(obs_shape: tuple[int, ...]) -> None:
+    stack = obs_shape[0] if len(obs_shape) == 3 else None
+    kind = FrameReplay if stack else PrioritizedReplay
+
+    mirror = kind(300, obs_shape, seed=0).mirror_on(CPU)
+
+    assert mirror.nbytes == DeviceReplay.bytes_for(300, obs_shape, stack=stack)
 
 
 def learner_pair(device: str, **changes: object) -> tuple[Learner, Learner]:

@@ -79,6 +79,7 @@ class CapturedUpdate:
         self._period_value = 1
         # Loss, mean Q and mean |TD error| summed over updates, and their count.
         self._statistics = torch.zeros(4, dtype=torch.float64, device=device)
+        self._one = torch.ones((), dtype=torch.float64, device=device)
         self._host_statistics = torch.zeros(4, dtype=torch.float64, pin_memory=self._cuda)
         self._readback: torch.cuda.Event | None = None
         self._reading = False
@@ -140,9 +141,8 @@ class CapturedUpdate:
             for target, online in zip(self._target, self._online, strict=True):
                 target.lerp_(online, weight)  # weight 1 gives online exactly; 0, target
         self._since_target.mul_(~due)
-        one = torch.ones((), dtype=torch.float64, device=self.device)
         self._statistics += torch.stack(
-            [loss.detach().double(), q_mean.double(), td_abs.mean().double(), one]
+            [loss.detach().double(), q_mean.double(), td_abs.mean().double(), self._one]
         )
 
     # -- running it ----------------------------------------------------------------------

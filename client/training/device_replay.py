@@ -18,6 +18,7 @@ right for as long as it can be drawn.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -101,6 +102,17 @@ class DeviceReplay:
             if t is not None
         ]
         return sum(t.nbytes for t in tensors) + self.priorities.nbytes
+
+    @staticmethod
+    def bytes_for(capacity: int, obs_shape: tuple[int, ...], *, stack: int | None) -> int:
+        """What `nbytes` will be for `capacity` slots of `obs_shape` (float32 rows, or uint8
+        frames of stacks `stack` deep)."""
+        if stack is None:
+            observations = 2 * capacity * math.prod(obs_shape) * 4
+        else:
+            observations = (capacity + 1) * math.prod(obs_shape[1:]) + 2 * capacity * stack * 8
+        # action (int64), reward and discount (float32); priorities and last writers (8 each)
+        return observations + capacity * (8 + 4 + 4 + 8 + 8) + 8
 
     # -- written by the host replay ------------------------------------------------
 

@@ -383,17 +383,8 @@ class FrameReplay(ReplayStore):
         if self.mirror is not None:
             self.mirror.set_size(self._size)
 
-    def _make_mirror(self, device: torch.device) -> DeviceReplay:
-        return DeviceReplay(
-            self._capacity,
-            self.obs_shape,
-            stack=self._stack,
-            obs_dtype=torch.uint8,
-            prioritized=self.prioritized,
-            alpha=self._alpha,
-            eps=self._eps,
-            device=device,
-        )
+    def _mirror_layout(self) -> tuple[int | None, torch.dtype]:
+        return self._stack, torch.uint8
 
     def _copy_to(self, mirror: DeviceReplay) -> None:
         mirror.write_frames(np.arange(self._capacity), self._frames[: self._capacity])

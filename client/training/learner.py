@@ -28,7 +28,7 @@ from fedrl.client.training.captured_update import CapturedUpdate
 from fedrl.client.training.cnn import is_image
 from fedrl.client.training.config_changes import refuse_fixed_changes
 from fedrl.client.training.device import resolve_device, to_cpu
-from fedrl.client.training.device_replay import DeviceBatch
+from fedrl.client.training.device_replay import DeviceBatch, DeviceReplay
 from fedrl.client.training.distributed import GradientSync
 from fedrl.client.training.frame_replay import FrameStore, make_replay
 from fedrl.client.training.frame_segment import FrameSegment
@@ -50,6 +50,9 @@ from fedrl.client.training.transitions import LearnerTransitions
 
 STATE_FORMAT = 1
 """Version of ``Learner.state_dict()``'s layout; bumped on any change to it."""
+DEVICE_REPLAY_SHARE = 0.6
+"""The most of a GPU's free memory whose replay copy `device_update` auto still takes; a
+larger replay trains with the host update."""
 
 
 def dqn_loss(  # noqa: PLR0917 (the contract keeps the paper's argument order)
@@ -202,13 +205,24 @@ class Learner:
             return False
         fits = gradients is None and (replay is None or isinstance(replay, ReplayStore))
         if config.device_update == "auto":
-            return self._cuda and fits
+            return self._cuda and fits and self._replay_fits_the_device(config, replay)
         if not fits:
             raise ValueError(
                 "device_update on needs one learner (no data-parallel ranks) over the replay "
                 "it builds or a PrioritizedReplay / FrameReplay; use device_update off"
             )
         return True
+
+    def _replay_fits_the_device(self, config: LearnerConfig, replay: Replay | None) -> bool:
+        """Whether the replay's device copy takes at most DEVICE_REPLAY_SHARE of the
+        device's free memory (the rest is for the networks, Adam and the graphs)."""
+        capacity, obs_shape = config.replay_capacity, self.obs_shape
+        if isinstance(replay, ReplayStore):
+            capacity, obs_shape = replay.capacity, replay.obs_shape
+        stack = obs_shape[0] if is_image(obs_shape) else None
+        needed = DeviceReplay.bytes_for(capacity, obs_shape, stack=stack)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return needed <= DEVICE_REPLAY_SHARE * free
 
     @property
     def on_device(self) -> bool:

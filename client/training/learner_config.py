@@ -113,7 +113,8 @@ class LearnerConfig:
         default="auto",
         metadata=doc(
             "The update wholly on the device: replay mirrored there, prioritized sampling, "
-            "priorities and target update there, captured in one CUDA graph. auto: on CUDA; "
+            "priorities and target update there, captured in one CUDA graph. auto: on CUDA "
+            "where the replay's copy fits; "
             "on: also on the CPU, run eagerly; off: sample on the host everywhere."
         ),
     )

@@ -161,14 +161,25 @@ class ReplayStore:
         """Keep a copy of every transition on `device` (a DeviceReplay, whose priorities the
         device's update then owns), starting with those held now."""
         if self.mirror is None or self.mirror.device != device:
-            mirror = self._make_mirror(device)
+            stack, obs_dtype = self._mirror_layout()
+            mirror = DeviceReplay(
+                self._capacity,
+                self.obs_shape,
+                stack=stack,
+                obs_dtype=obs_dtype,
+                prioritized=self.prioritized,
+                alpha=self._alpha,
+                eps=self._eps,
+                device=device,
+            )
             self._copy_to(mirror)
             mirror.set_size(self._size)
             self.mirror = mirror
         return self.mirror
 
-    def _make_mirror(self, device: torch.device) -> DeviceReplay:
-        """An empty DeviceReplay laid out as this kind of replay stores."""
+    def _mirror_layout(self) -> tuple[int | None, torch.dtype]:
+        """How the device copy lays transitions out: the stack depth whose frames it keeps
+        once (None: whole rows), and the observations' dtype."""
         raise NotImplementedError
 
     def _copy_to(self, mirror: DeviceReplay) -> None:
@@ -237,17 +248,8 @@ class PrioritizedReplay(ReplayStore):
             )
             self.mirror.set_size(self._size)
 
-    def _make_mirror(self, device: torch.device) -> DeviceReplay:
-        return DeviceReplay(
-            self._capacity,
-            self.obs_shape,
-            stack=None,
-            obs_dtype=torch.float32,
-            prioritized=self.prioritized,
-            alpha=self._alpha,
-            eps=self._eps,
-            device=device,
-        )
+    def _mirror_layout(self) -> tuple[int | None, torch.dtype]:
+        return None, torch.float32
 
     def _copy_to(self, mirror: DeviceReplay) -> None:
         slots = np.arange(self._size)
