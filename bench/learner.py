@@ -21,8 +21,8 @@ median round is kept.
 
 `--reference REV` also times the fedrl variant of git revision REV (e.g.
 main) in the same run: each round runs this file twice in subprocesses,
-once over this tree and once over REV's, alternately, and the ratio of the
-medians is printed.
+once over this tree and once over REV's, the first of them alternating,
+and the ratio of the medians is printed.
 
     .venv/bin/python bench/learner.py [--quick] [--device cuda] [--nets mlp,cnn]
         [--batch-sizes 32,64,256,512] [--compile] [--reference main]
@@ -427,9 +427,9 @@ def main() -> None:
         with reference_tree(args.reference) as site:
             ours: list[list[dict[str, object]]] = []
             theirs: list[list[dict[str, object]]] = []
-            for _ in range(rounds):
-                ours.append(run_worker(args, None))
-                theirs.append(run_worker(args, site))
+            for round_ in range(rounds):  # ABBA: neither tree always runs first
+                for tree in (None, site) if round_ % 2 == 0 else (site, None):
+                    (ours if tree is None else theirs).append(run_worker(args, tree))
         reference = merge_rounds(ours, "fedrl-this-tree") + merge_rounds(
             theirs, f"fedrl-{args.reference}"
         )

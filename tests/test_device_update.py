@@ -255,7 +255,7 @@ def test_device_learner_state_restores_into_a_host_learner_and_back(
     one_torch_thread: None,
 ) -> None:
     # prepare: a device learner that trained, and a new learner of each kind
-    host, on_device = learner_pair("cpu")
+    _, on_device = learner_pair("cpu")
     on_device.train(10)
     state = on_device.state_dict()
     fresh_host, fresh_device = learner_pair("cpu")
@@ -272,7 +272,6 @@ def test_device_learner_state_restores_into_a_host_learner_and_back(
     lr = fresh_device.optimizer.param_groups[0]["lr"]
     assert isinstance(lr, torch.Tensor) and lr.item() == pytest.approx(5e-4)
     assert fresh_device.state_dict()["optimizer"]["param_groups"][0]["lr"] == 5e-4
-    del host
 
 
 def test_device_update_on_refuses_data_parallel_ranks_and_other_replays() -> None:

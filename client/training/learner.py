@@ -350,8 +350,8 @@ class Learner:
     def synchronize(self) -> dict[str, float]:
         """Wait for every queued update; the statistics of those not yet reported.
 
-        For a clock that counts work done (benchmarks, `fedrl-client check`)
-        and at the end of a run; the host update never leaves work queued.
+        For a clock that counts work done (benchmarks, `fedrl-client check`);
+        the host update never leaves work queued.
         """
         if self._captured is None:
             return {}
