@@ -64,7 +64,7 @@ from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
 from fedrl.server.launcher import ServerProcess
-from fedrl.server.model_store import ModelStore
+from fedrl.server.storage.model_store import ModelStore
 
 SLOTS = 2048
 """Coordinates per participant: its updates' sequence numbers run 1..SLOTS."""

@@ -16,6 +16,7 @@ a write under way.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import secrets
@@ -36,6 +37,37 @@ _in_flight_lock = threading.Lock()
 def fsync_directory(directory: Path) -> None:
     """Make creations, renames and deletions in `directory` survive a power loss."""
     _fsync(directory)
+
+
+def datasync(fd: int) -> None:
+    """fdatasync where the platform has it (it skips the mtime update), else fsync."""
+    sync = getattr(os, "fdatasync", None) or os.fsync
+    sync(fd)
+
+
+def write_all(fd: int, data: bytes, offset: int) -> None:
+    """pwrite until every byte is written (a regular file may take fewer at once)."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+
+
+def lock_directory(lock_file: Path) -> int:
+    """An open descriptor holding an exclusive flock on `lock_file` (created if missing).
+
+    For a folder with one writer at a time: a second one gets BlockingIOError
+    instead of interleaving its writes. The kernel releases the lock when its
+    holder dies, kill -9 included; closing the descriptor releases it too.
+    """
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise
+    return fd
 
 
 @contextmanager

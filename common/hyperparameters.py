@@ -1,6 +1,6 @@
 """The hyperparameters population-based training searches: names, ranges, and how they move.
 
-Shared by the server, which explores them (fedrl.server.exploit_explore), and
+Shared by the server, which explores them (fedrl.server.population.exploit_explore), and
 the participant, which applies them (fedrl.client.training.hyperparameters).
 Names are algorithm-neutral on the wire: a DQN member's "lr" is its Adam
 learning rate as a PPO member's is; each algorithm searches four of them.

@@ -15,7 +15,7 @@ fedrl's requirements and never descending into torch: the wheelhouse holds
 what the node lacks, and the node's torch brings its own dependencies.
 
     .venv/bin/python scripts/wheelhouse.py [--out wheelhouse] [--python 3.11 --python 3.12]
-        [--extras atari,plot,video,export] [--list]
+        [--extras atari,plot,video,export,trading] [--list]
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ PLATFORMS = (
     "linux_x86_64",
 )
 """pip matches a wheel's platform tag exactly: every tag a Linux x86-64 wheel of ours carries."""
-DEFAULT_EXTRAS = "atari,plot,video,export"
+DEFAULT_EXTRAS = "atari,plot,video,export,trading"
 """What `make install` installs beside the development tools."""
 
 

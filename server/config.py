@@ -7,19 +7,27 @@ options and fields match one to one.
 
 from __future__ import annotations
 
-import math
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
-from fedrl.common.config_cli import doc
+from fedrl.common.config_cli import Section, doc
 from fedrl.common.identity import validate_participant_id
-from fedrl.server.limits import LimitsConfig
+from fedrl.server.strategy.registry import STRATEGY_NAMES, strategy_from_settings
+from fedrl.server.strategy.strategy import Rule
+from fedrl.server.transport.limits import LimitsConfig
 
-Strategy = Literal["mean", "trimmed_mean", "median"]
-STRATEGIES: tuple[Strategy, ...] = typing.get_args(Strategy)
 _LIMITS = LimitsConfig()
+_RULE = Rule()
+DASHBOARD_PORT = 7444
+"""The dashboard's port unless --dashboard-port says otherwise: the server's default + 1."""
+
+SERVE = Section("serve", "Where it listens, its data, and what it tells participants.")
+AGGREGATION = Section("aggregation", "How updates become global versions, and which are refused.")
+CHECKPOINTS = Section("checkpoints", "Which versions' checkpoints are kept.")
+TRANSPORT = Section("transport", "Message sizes and per-participant call limits.")
+POPULATION = Section("population", "Population sessions (population-based training).")
+SECURITY = Section("security", "How participants authenticate; plaintext off loopback.")
+DASHBOARD = Section("dashboard", "The read-only web dashboard.")
 
 
 @dataclass(frozen=True)
@@ -27,192 +35,300 @@ class ServerConfig:
     """Settings of one aggregation server process."""
 
     host: str = field(
-        default="127.0.0.1", metadata=doc("Address to listen on; non-loopback needs TLS.")
+        default="127.0.0.1",
+        metadata=doc("Address to listen on; non-loopback needs TLS.", section=SERVE),
     )
     port: int = field(
-        default=7443, metadata=doc("TCP port; 0 picks a free one (printed at start).")
+        default=7443,
+        metadata=doc("TCP port; 0 picks a free one (printed at start).", section=SERVE),
     )
     data_dir: Path = field(
         default=Path("fedrl-server-data"),
-        metadata=doc("Directory for the state database, checkpoints and logs.", path="dir"),
-    )
-    goal_episodes: int = field(default=1000, metadata=doc("Total-episodes goal of a new session."))
-    max_staleness: int = field(
-        default=16,
         metadata=doc(
-            "Oldest accepted base version, in versions behind the newest; older is refused."
+            "Directory for the state database, checkpoints and logs.", path="dir", section=SERVE
         ),
     )
-    buffer_size: int = field(
-        default=0,
-        metadata=doc(
-            "Buffered updates (K) that trigger a new global version; 0: one per participant "
-            "who pushed within --active-window-s (K = N, so a lone participant's every update "
-            "is a version and a group's versions average everyone's progress)."
-        ),
-    )
-    active_window_s: float = field(
-        default=60.0,
-        metadata=doc(
-            "With --buffer-size 0, a participant counts toward K while its last push is this "
-            "recent (one that crashed stops holding versions back; one that leaves stops at once)."
-        ),
-    )
-    buffer_timeout_s: float = field(
-        default=5.0,
-        metadata=doc("A non-empty buffer becomes a version after this many seconds even below K."),
-    )
-    max_pending: int = field(
-        default=32,
-        metadata=doc(
-            "Acknowledged updates not yet in a version; beyond it pushes wait (bounds memory)."
-        ),
-    )
-    strategy: Strategy = field(
-        default="mean", metadata=doc(f"Aggregation strategy: {', '.join(STRATEGIES)}.")
-    )
-    trim_fraction: float = field(
-        default=0.2,
-        metadata=doc("Share of updates cut at each end per coordinate by trimmed_mean."),
-    )
-    clip_norm: float = field(
-        default=0.0, metadata=doc("Clip each update's L2 norm to this (0: no clipping).")
-    )
-    server_lr: float = field(
-        default=1.0, metadata=doc("Server learning rate: global += lr * aggregate.")
-    )
-    max_samples: int = field(
-        default=100_000, metadata=doc("Cap on the sample count an update may claim for its weight.")
-    )
-    staleness_exponent: float = field(
-        default=0.5,
-        metadata=doc("Staleness weight is (1 + s) ** -exponent (FedBuff's polynomial decay)."),
-    )
-    keep_last: int = field(
-        default=5, metadata=doc("Checkpoints of the newest versions always retained.")
-    )
-    keep_every: int = field(
-        default=50, metadata=doc("Every M-th version's checkpoint is retained as well.")
-    )
-    chunk_bytes: int = field(
-        default=1 << 20, metadata=doc("Largest data field of a tensor chunk sent or accepted.")
-    )
-    max_message_bytes: int = field(
-        default=8 << 20,
-        metadata=doc("gRPC message size limit; chunks keep every message far below it."),
-    )
-    max_model_bytes: int = field(
-        default=1 << 30, metadata=doc("Largest decoded model or update a client may send (bytes).")
+    goal_episodes: int = field(
+        default=1000, metadata=doc("Total-episodes goal of a new session.", section=SERVE)
     )
     sync_interval: int = field(
-        default=2, metadata=doc("Suggested sync interval for clients, in episodes.")
+        default=2, metadata=doc("Suggested sync interval for clients, in episodes.", section=SERVE)
     )
     global_eval_interval: int = field(
         default=2_000,
         metadata=doc(
             "Each participant scores a global version it adopts at most once per this many of "
             "its own env steps, off its training path (0: every version it adopts); the best "
-            "scored version is the session's best."
+            "scored version is the session's best.",
+            section=SERVE,
         ),
     )
     status_versions: int = field(
-        default=20, metadata=doc("Versions listed by Status when the caller names no number.")
+        default=20,
+        metadata=doc("Versions listed by Status when the caller names no number.", section=SERVE),
     )
     grace_s: float = field(
-        default=10.0, metadata=doc("On SIGTERM/SIGINT, seconds in-flight calls get to finish.")
+        default=10.0,
+        metadata=doc("On SIGTERM/SIGINT, seconds in-flight calls get to finish.", section=SERVE),
+    )
+    tensorboard: bool = field(
+        default=False,
+        metadata=doc(
+            "Also write each version's figures as TensorBoard event files under "
+            "<data-dir>/tensorboard/<session>/.",
+            section=SERVE,
+        ),
+    )
+    max_staleness: int = field(
+        default=_RULE.max_staleness,
+        metadata=doc(
+            "Oldest accepted base version, in versions behind the newest; older is refused.",
+            section=AGGREGATION,
+        ),
+    )
+    buffer_size: int = field(
+        default=_RULE.buffer_size,
+        metadata=doc(
+            "Buffered updates (K) that trigger a new global version; 0: one per participant "
+            "who pushed within --active-window-s (K = N, so a lone participant's every update "
+            "is a version and a group's versions average everyone's progress).",
+            section=AGGREGATION,
+        ),
+    )
+    active_window_s: float = field(
+        default=_RULE.active_window_s,
+        metadata=doc(
+            "With --buffer-size 0, a participant counts toward K while its last push is this "
+            "recent (one that crashed stops holding versions back; one that leaves stops at once).",
+            section=AGGREGATION,
+        ),
+    )
+    buffer_timeout_s: float = field(
+        default=_RULE.buffer_timeout_s,
+        metadata=doc(
+            "A non-empty buffer becomes a version after this many seconds even below K.",
+            section=AGGREGATION,
+        ),
+    )
+    max_pending: int = field(
+        default=32,
+        metadata=doc(
+            "Acknowledged updates not yet in a version; beyond it pushes wait (bounds memory).",
+            section=AGGREGATION,
+        ),
+    )
+    strategy: str = field(
+        default="mean",
+        metadata=doc(
+            f"Aggregation strategy: {', '.join(STRATEGY_NAMES)} (see fedrl.server.strategy).",
+            section=AGGREGATION,
+        ),
+    )
+    trim_fraction: float = field(
+        default=0.2,
+        metadata=doc(
+            "Share of updates cut at each end per coordinate by trimmed_mean.", section=AGGREGATION
+        ),
+    )
+    clip_norm: float = field(
+        default=_RULE.clip_norm,
+        metadata=doc("Clip each update's L2 norm to this (0: no clipping).", section=AGGREGATION),
+    )
+    server_lr: float = field(
+        default=_RULE.server_lr,
+        metadata=doc(
+            "Server learning rate: global += lr * velocity (the aggregate, without momentum).",
+            section=AGGREGATION,
+        ),
+    )
+    server_momentum: float = field(
+        default=_RULE.server_momentum,
+        metadata=doc(
+            "Server momentum (FedAvgM): velocity = momentum * velocity + aggregate, in [0, 1); "
+            "0: none. The velocity is kept with each version and survives a restart.",
+            section=AGGREGATION,
+        ),
+    )
+    max_samples: int = field(
+        default=_RULE.max_samples,
+        metadata=doc(
+            "Cap on the sample count an update may claim for its weight.", section=AGGREGATION
+        ),
+    )
+    staleness_exponent: float = field(
+        default=_RULE.staleness_exponent,
+        metadata=doc(
+            "Staleness weight is (1 + s) ** -exponent (FedBuff's polynomial decay).",
+            section=AGGREGATION,
+        ),
     )
     session_strategy: tuple[str, ...] = field(
         default=(),
-        metadata=doc("One session's strategy as SESSION=STRATEGY, overriding --strategy; repeat."),
+        metadata=doc(
+            "One session's strategy as SESSION=STRATEGY, overriding --strategy; repeat.",
+            section=AGGREGATION,
+        ),
     )
     max_update_norm: float = field(
-        default=0.0,
-        metadata=doc("Refuse an update whose L2 norm exceeds this (0: no bound, trusted groups)."),
+        default=_RULE.max_update_norm,
+        metadata=doc(
+            "Refuse an update whose L2 norm exceeds this (0: no bound, trusted groups).",
+            section=AGGREGATION,
+        ),
     )
     update_norm_factor: float = field(
-        default=20.0,
+        default=_RULE.update_norm_factor,
         metadata=doc(
             "Refuse an update whose L2 norm exceeds this many times the median of the "
             "session's last 32 accepted updates' norms (before 4 are known: the global "
-            "model's norm); 0: off. See fedrl.server.norm_bound."
+            "model's norm); 0: off. See fedrl.server.strategy.norm_bound.",
+            section=AGGREGATION,
+        ),
+    )
+    keep_last: int = field(
+        default=5,
+        metadata=doc("Checkpoints of the newest versions always retained.", section=CHECKPOINTS),
+    )
+    keep_every: int = field(
+        default=50,
+        metadata=doc("Every M-th version's checkpoint is retained as well.", section=CHECKPOINTS),
+    )
+    chunk_bytes: int = field(
+        default=1 << 20,
+        metadata=doc("Largest data field of a tensor chunk sent or accepted.", section=TRANSPORT),
+    )
+    max_message_bytes: int = field(
+        default=8 << 20,
+        metadata=doc(
+            "gRPC message size limit; chunks keep every message far below it.", section=TRANSPORT
+        ),
+    )
+    max_model_bytes: int = field(
+        default=1 << 30,
+        metadata=doc(
+            "Largest decoded model or update a client may send (bytes).", section=TRANSPORT
+        ),
+    )
+    max_streams_per_participant: int = field(
+        default=_LIMITS.max_streams_per_participant,
+        metadata=doc("Streaming calls one participant may have open at once.", section=TRANSPORT),
+    )
+    push_rate_per_s: float = field(
+        default=_LIMITS.push_rate_per_s,
+        metadata=doc(
+            "Sustained pushes (updates and seeds) per second per participant.", section=TRANSPORT
+        ),
+    )
+    push_burst: int = field(
+        default=_LIMITS.push_burst,
+        metadata=doc(
+            "Pushes a participant may send back to back before the rate applies.", section=TRANSPORT
+        ),
+    )
+    stream_idle_timeout_s: float = field(
+        default=_LIMITS.stream_idle_timeout_s,
+        metadata=doc(
+            "A half-finished upload that sends nothing for this long is dropped.", section=TRANSPORT
         ),
     )
     pbt_ready_steps: int = field(
         default=20_000,
         metadata=doc(
             "Population sessions: env steps a member trains between two rankings of it "
-            "(its report after that many steps ranks it; PBT's 'ready')."
+            "(its report after that many steps ranks it; PBT's 'ready').",
+            section=POPULATION,
         ),
     )
     pbt_quantile: float = field(
         default=0.25,
         metadata=doc(
             "Population sessions: share of ranked members in the top and in the bottom (at "
-            "least one each); a bottom member copies a top one. See fedrl.server.exploit_explore."
+            "least one each); a bottom member copies a top one. "
+            "See fedrl.server.population.exploit_explore.",
+            section=POPULATION,
         ),
     )
     pbt_resample_probability: float = field(
         default=0.25,
         metadata=doc(
             "Population sessions: chance that explore draws a hyperparameter afresh from its "
-            "range instead of multiplying it by 0.8 or 1.2."
+            "range instead of multiplying it by 0.8 or 1.2.",
+            section=POPULATION,
         ),
     )
     token_auth: bool = field(
         default=False,
-        metadata=doc("Authenticate by per-participant token over one-way TLS, not client certs."),
+        metadata=doc(
+            "Authenticate by per-participant token over one-way TLS, not client certs.",
+            section=SECURITY,
+        ),
     )
     insecure: bool = field(
         default=False,
-        metadata=doc("Allow plaintext off loopback (trusted networks only); never turns TLS off."),
-    )
-    max_streams_per_participant: int = field(
-        default=_LIMITS.max_streams_per_participant,
-        metadata=doc("Streaming calls one participant may have open at once."),
-    )
-    push_rate_per_s: float = field(
-        default=_LIMITS.push_rate_per_s,
-        metadata=doc("Sustained pushes (updates and seeds) per second per participant."),
-    )
-    push_burst: int = field(
-        default=_LIMITS.push_burst,
-        metadata=doc("Pushes a participant may send back to back before the rate applies."),
-    )
-    stream_idle_timeout_s: float = field(
-        default=_LIMITS.stream_idle_timeout_s,
-        metadata=doc("A half-finished upload that sends nothing for this long is dropped."),
-    )
-    tensorboard: bool = field(
-        default=False,
         metadata=doc(
-            "Also write each version's figures as TensorBoard event files under "
-            "<data-dir>/tensorboard/<session>/."
+            "Allow plaintext off loopback (trusted networks only); never turns TLS off.",
+            section=SECURITY,
         ),
     )
     dashboard_host: str = field(
         default="127.0.0.1",
         metadata=doc(
             "Address of the read-only web dashboard; off loopback it is served only over TLS "
-            "(init-tls) and to holders of a token from `fedrl-server issue --token`."
+            "(init-tls) and to holders of a token from `fedrl-server issue --token`.",
+            section=DASHBOARD,
         ),
     )
-    dashboard_port: int = field(
-        default=7444, metadata=doc("TCP port of the dashboard; 0 picks a free one (printed).")
+    dashboard_port: int | None = field(
+        default=None,
+        metadata=doc(
+            f"TCP port of the dashboard, printed at start; 0 picks a free one (default: "
+            f"{DASHBOARD_PORT}, or a free one with --port 0, so that servers started side by "
+            "side never collide).",
+            section=DASHBOARD,
+        ),
     )
-    no_dashboard: bool = field(default=False, metadata=doc("Serve no web dashboard."))
+    no_dashboard: bool = field(
+        default=False, metadata=doc("Serve no web dashboard.", section=DASHBOARD)
+    )
     dashboard_versions: int = field(
-        default=1000, metadata=doc("Newest versions on the dashboard's learning curve.")
+        default=1000,
+        metadata=doc("Newest versions on the dashboard's learning curve.", section=DASHBOARD),
     )
 
     @property
     def limits(self) -> LimitsConfig:
-        """The per-participant call limits, as fedrl.server.limits takes them."""
+        """The per-participant call limits, as fedrl.server.transport.limits takes them."""
         return LimitsConfig(
             max_streams_per_participant=self.max_streams_per_participant,
             push_rate_per_s=self.push_rate_per_s,
             push_burst=self.push_burst,
             stream_idle_timeout_s=self.stream_idle_timeout_s,
         )
+
+    @property
+    def rule(self) -> Rule:
+        """What every session's strategy applies alike (fedrl.server.strategy.strategy)."""
+        return Rule(
+            max_staleness=self.max_staleness,
+            max_samples=self.max_samples,
+            staleness_exponent=self.staleness_exponent,
+            max_update_norm=self.max_update_norm,
+            update_norm_factor=self.update_norm_factor,
+            clip_norm=self.clip_norm,
+            server_lr=self.server_lr,
+            server_momentum=self.server_momentum,
+            buffer_size=self.buffer_size,
+            buffer_timeout_s=self.buffer_timeout_s,
+            active_window_s=self.active_window_s,
+        )
+
+    @property
+    def dashboard_listen_port(self) -> int:
+        """The dashboard's port: the one given, else the usual one, or any free one (0) when
+        the server's own port is any free one."""
+        if self.dashboard_port is not None:
+            return self.dashboard_port
+        return 0 if self.port == 0 else DASHBOARD_PORT
 
     def strategy_for(self, session: str) -> str:
         """The aggregation strategy of a session: its own if --session-strategy names it."""
@@ -228,7 +344,6 @@ class ServerConfig:
             "keep_last": self.keep_last,
             "keep_every": self.keep_every,
             "goal_episodes": self.goal_episodes,
-            "max_samples": self.max_samples,
             "sync_interval": self.sync_interval,
             "status_versions": self.status_versions,
             "dashboard_versions": self.dashboard_versions,
@@ -240,43 +355,27 @@ class ServerConfig:
         if self.global_eval_interval < 0:
             raise ValueError(f"global_eval_interval must be >= 0, got {self.global_eval_interval}")
         for name in ("port", "dashboard_port"):
-            if not 0 <= getattr(self, name) <= 65535:
-                raise ValueError(f"{name} must be in 0..65535, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 65535:
+                raise ValueError(f"{name} must be in 0..65535, got {value}")
         if self.max_pending < self.buffer_size:
             raise ValueError(
                 f"max_pending ({self.max_pending}) must be at least buffer_size "
                 f"({self.buffer_size}), or a full buffer could never form"
             )
-        if self.buffer_size < 0:
-            raise ValueError(f"buffer_size must be >= 0 (0: automatic), got {self.buffer_size}")
-        if not self.active_window_s > 0:
-            raise ValueError(f"active_window_s must be positive, got {self.active_window_s}")
-        if self.max_staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
-        if self.buffer_timeout_s <= 0 or self.grace_s < 0:
-            raise ValueError("buffer_timeout_s must be positive and grace_s non-negative")
-        if self.strategy not in STRATEGIES:
-            raise ValueError(
-                f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}"
-            )
-        if not 0 <= self.trim_fraction < 0.5:
-            raise ValueError(f"trim_fraction must be in [0, 0.5), got {self.trim_fraction}")
-        if self.clip_norm < 0 or self.server_lr <= 0 or self.staleness_exponent < 0:
-            raise ValueError("clip_norm and staleness_exponent must be >= 0, server_lr > 0")
-        if not (math.isfinite(self.max_update_norm) and self.max_update_norm >= 0):
-            raise ValueError(f"max_update_norm must be finite and >= 0, got {self.max_update_norm}")
-        if not (math.isfinite(self.update_norm_factor) and self.update_norm_factor >= 0):
-            raise ValueError(
-                f"update_norm_factor must be finite and >= 0 (0: off), got "
-                f"{self.update_norm_factor}"
-            )
+        if self.grace_s < 0:
+            raise ValueError(f"grace_s must be >= 0, got {self.grace_s}")
+        # The rule checks its own fields, and each named strategy its options
+        # (trim_fraction, say), each naming the one that is wrong.
+        rule = self.rule
+        for name in {self.strategy, *_strategies_by_session(self.session_strategy).values()}:
+            strategy_from_settings(name, rule, self)
         if not 0.0 < self.pbt_quantile <= 0.5:
             raise ValueError(f"pbt_quantile must lie in (0, 0.5], got {self.pbt_quantile}")
         if not 0.0 <= self.pbt_resample_probability <= 1.0:
             raise ValueError(
                 f"pbt_resample_probability must lie in [0, 1], got {self.pbt_resample_probability}"
             )
-        _strategies_by_session(self.session_strategy)
         # LimitsConfig checks its own fields and names the one that is wrong.
         _ = self.limits
         # A chunk plus its protobuf framing must fit one message with room to spare.
@@ -293,10 +392,10 @@ def _strategies_by_session(entries: tuple[str, ...]) -> dict[str, str]:
     for entry in entries:
         # rpartition: a session name may itself contain "=", a strategy name never does.
         name, equals, strategy = entry.rpartition("=")
-        if not equals or strategy not in STRATEGIES:
+        if not equals or strategy not in STRATEGY_NAMES:
             raise ValueError(
                 f"session_strategy entry {entry!r} must be SESSION=STRATEGY with a strategy "
-                f"among {', '.join(STRATEGIES)}"
+                f"among {', '.join(STRATEGY_NAMES)}"
             )
         try:
             session = validate_participant_id(name)

@@ -1,8 +1,8 @@
 """Why the server refuses a request: the domain's exceptions, one kind per status code.
 
-The domain (server/session.py, server/experience_exchange.py) raises these
-and knows nothing of gRPC; server/call_context.py maps each kind to its
-status code for the servicers.
+The domain (federation/, experience/, population/, the strategy) raises
+these and knows nothing of gRPC; transport/call_context.py maps each kind to
+its status code for the servicers.
 """
 
 from __future__ import annotations

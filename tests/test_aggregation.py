@@ -10,17 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from fedrl.server.aggregation import (
-    STRATEGY_NAMES,
-    Median,
-    TrimmedMean,
-    WeightedMean,
+from fedrl.server.strategy.aggregate import (
     apply_update,
     clip_by_norm,
-    make_strategy,
     staleness_weight,
     update_weight,
 )
+from fedrl.server.strategy.fedavg import FedAvg
+from fedrl.server.strategy.median import Median
+from fedrl.server.strategy.registry import STRATEGY_NAMES, make_strategy
+from fedrl.server.strategy.strategy import Strategy
+from fedrl.server.strategy.trimmed_mean import TrimmedMean
 
 
 def f32(*values: float) -> np.ndarray:
@@ -108,7 +108,7 @@ def test_weighted_mean_of_two_participants() -> None:
     a = [f32(1.0, 2.0), f32(10.0)]
     b = [f32(3.0, 4.0), f32(-10.0)]
 
-    result = WeightedMean().aggregate([a, b], [1.0, 3.0])
+    result = FedAvg().aggregate([a, b], [1.0, 3.0])
 
     np.testing.assert_array_equal(result[0], f32(2.5, 3.5))
     np.testing.assert_array_equal(result[1], f32(-5.0))
@@ -118,7 +118,7 @@ def test_weighted_mean_of_two_participants() -> None:
 def test_weighted_mean_keeps_tensor_shapes() -> None:
     a = [np.ones((2, 3), np.float32), np.ones((), np.float32), np.ones((0, 4), np.float32)]
 
-    result = WeightedMean().aggregate([a, a], [1.0, 1.0])
+    result = FedAvg().aggregate([a, a], [1.0, 1.0])
 
     assert [t.shape for t in result] == [(2, 3), (), (0, 4)]
 
@@ -191,9 +191,9 @@ def reference(name: str, values: np.ndarray, weights: list[float]) -> np.ndarray
     return np.asarray((np.take_along_axis(wide, order, axis=0) * w).sum(axis=0) / w.sum(axis=0))
 
 
-@pytest.mark.parametrize("strategy", [WeightedMean(), TrimmedMean(0.25), Median()])
+@pytest.mark.parametrize("strategy", [FedAvg(), TrimmedMean(trim_fraction=0.25), Median()])
 def test_strategies_match_a_float64_reference_across_block_boundaries(
-    strategy: WeightedMean,
+    strategy: Strategy,
 ) -> None:
     # 70_000 coordinates span two blocks of the coordinate-wise kernels.
     values = np.random.default_rng(7).standard_normal((4, 70_000)).astype(np.float32)
@@ -206,8 +206,8 @@ def test_strategies_match_a_float64_reference_across_block_boundaries(
     np.testing.assert_allclose(result[0].reshape(-1), expected, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("strategy", [WeightedMean(), TrimmedMean(), Median()])
-def test_strategies_refuse_mismatched_or_non_finite_input(strategy: WeightedMean) -> None:
+@pytest.mark.parametrize("strategy", [FedAvg(), TrimmedMean(), Median()])
+def test_strategies_refuse_mismatched_or_non_finite_input(strategy: Strategy) -> None:
     good = [f32(1.0, 2.0), f32(3.0)]
     cases: list[tuple[list[list[np.ndarray]], list[float], str]] = [
         ([], [], "no deltas"),
@@ -226,8 +226,10 @@ def test_strategies_refuse_mismatched_or_non_finite_input(strategy: WeightedMean
 
 def test_make_strategy_builds_each_named_strategy() -> None:
     assert set(STRATEGY_NAMES) == {"mean", "trimmed_mean", "median"}
-    assert isinstance(make_strategy("mean"), WeightedMean)
-    assert make_strategy("trimmed_mean", trim_fraction=0.1) == TrimmedMean(trim_fraction=0.1)
+    assert isinstance(make_strategy("mean"), FedAvg)
+    trimmed = make_strategy("trimmed_mean", trim_fraction=0.1)
+    assert isinstance(trimmed, TrimmedMean)
+    assert trimmed.trim_fraction == 0.1
     assert isinstance(make_strategy("median"), Median)
 
 
@@ -261,7 +263,7 @@ def test_apply_update_refuses_overflow_mismatch_and_bad_rate() -> None:
 def test_float64_input_gives_float32_output() -> None:
     deltas = [[np.array([1.0, 2.0])], [np.array([3.0, 4.0])]]
 
-    result = WeightedMean().aggregate(deltas, [1.0, 1.0])
+    result = FedAvg().aggregate(deltas, [1.0, 1.0])
 
     assert result[0].dtype == np.float32
     np.testing.assert_array_equal(result[0], f32(2.0, 3.0))
@@ -274,7 +276,7 @@ def test_float64_values_beyond_float32_are_refused() -> None:
 
 # Properties ----------------------------------------------------------------------
 
-STRATEGIES = [WeightedMean(), TrimmedMean(0.2), TrimmedMean(0.4), Median()]
+STRATEGIES = [FedAvg(), TrimmedMean(trim_fraction=0.2), TrimmedMean(trim_fraction=0.4), Median()]
 
 finite32 = st.floats(-1e6, 1e6, width=32, allow_nan=False, allow_subnormal=False)
 # Few distinct values, so that ties (where order could leak in) are common.
@@ -300,7 +302,7 @@ def deltas_and_weights(
 @settings(max_examples=60, deadline=None)
 @given(case=deltas_and_weights(), strategy=st.sampled_from(STRATEGIES))
 def test_identical_deltas_aggregate_to_that_delta(
-    case: tuple[list[list[np.ndarray]], list[float]], strategy: WeightedMean
+    case: tuple[list[list[np.ndarray]], list[float]], strategy: Strategy
 ) -> None:
     deltas, weights = case
     same = [deltas[0]] * len(deltas)
@@ -313,7 +315,7 @@ def test_identical_deltas_aggregate_to_that_delta(
 @settings(max_examples=60, deadline=None)
 @given(case=deltas_and_weights(), strategy=st.sampled_from(STRATEGIES))
 def test_every_coordinate_stays_within_its_inputs(
-    case: tuple[list[list[np.ndarray]], list[float]], strategy: WeightedMean
+    case: tuple[list[list[np.ndarray]], list[float]], strategy: Strategy
 ) -> None:
     deltas, weights = case
 
@@ -351,8 +353,8 @@ def test_weighted_mean_ignores_update_order_up_to_rounding(
     deltas, weights = case
     order = data.draw(st.permutations(range(len(deltas))))
 
-    before = WeightedMean().aggregate(deltas, weights)
-    after = WeightedMean().aggregate([deltas[i] for i in order], [weights[i] for i in order])
+    before = FedAvg().aggregate(deltas, weights)
+    after = FedAvg().aggregate([deltas[i] for i in order], [weights[i] for i in order])
 
     for a, b in zip(before, after, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)

@@ -9,7 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedrl.server.aggregation import Median, ParticipantSums, TrimmedMean, WeightedMean
+from fedrl.server.strategy.aggregate import ParticipantSums
+from fedrl.server.strategy.fedavg import FedAvg
+from fedrl.server.strategy.median import Median
+from fedrl.server.strategy.trimmed_mean import TrimmedMean
 
 Update = tuple[str, list[np.ndarray], float]
 
@@ -50,7 +53,7 @@ def test_weighted_mean_of_participant_sums_matches_a_float64_reference(
     seed: int, participants: list[str]
 ) -> None:
     updates = updates_of(seed, participants)
-    sums = ParticipantSums(WeightedMean())
+    sums = ParticipantSums(FedAvg().aggregate)
 
     for pid, delta, weight in updates:
         sums.add(pid, delta, weight)
@@ -68,7 +71,7 @@ def test_weighted_mean_over_several_blocks_of_identical_deltas_is_exactly_that_d
     # 200 001 values: four blocks and a short one, so every block boundary is crossed.
     delta = np.random.default_rng(5).standard_normal(200_001).astype(np.float32)
 
-    mean = WeightedMean().aggregate([[delta]] * 3, [0.3, 7.0, 1.0 / 3.0])[0]
+    mean = FedAvg().aggregate([[delta]] * 3, [0.3, 7.0, 1.0 / 3.0])[0]
 
     assert mean.tobytes() == delta.tobytes()
 
@@ -79,13 +82,13 @@ def test_weighted_mean_names_the_delta_that_is_not_finite() -> None:
     bad[-1] = np.inf
 
     with pytest.raises(ValueError, match="delta 1, tensor 0: holds NaN or infinity"):
-        WeightedMean().aggregate([[good], [bad]], [1.0, 1.0])
+        FedAvg().aggregate([[good], [bad]], [1.0, 1.0])
 
 
 def test_participant_sums_do_not_change_the_arrays_they_were_given() -> None:
     updates = updates_of(7, ["a", "a", "b"])
     copies = [[t.copy() for t in delta] for _, delta, _ in updates]
-    sums = ParticipantSums(WeightedMean())
+    sums = ParticipantSums(FedAvg().aggregate)
 
     for pid, delta, weight in updates:
         sums.add(pid, delta, weight)
@@ -97,7 +100,7 @@ def test_participant_sums_do_not_change_the_arrays_they_were_given() -> None:
 
 
 def test_participant_sums_refuse_a_delta_of_another_shape() -> None:
-    sums = ParticipantSums(WeightedMean())
+    sums = ParticipantSums(FedAvg().aggregate)
     sums.add("a", [np.ones(3, dtype=np.float32)], 1.0)
 
     with pytest.raises(ValueError, match="shape"):
@@ -109,7 +112,7 @@ def test_robust_strategies_see_one_summed_delta_per_participant(
     strategy: Median | TrimmedMean,
 ) -> None:
     updates = updates_of(3, ["a", "b", "a", "c", "d", "b", "e"])
-    sums = ParticipantSums(strategy)
+    sums = ParticipantSums(strategy.aggregate)
 
     for pid, delta, weight in updates:
         sums.add(pid, delta, weight)

@@ -13,7 +13,7 @@ from fedrl.client.training.q_network import architecture_name, build_q_network, 
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.experience import batch_header, decode_batch, encode_batch
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.experience_validation import ValidationLimits, validate_batch
+from fedrl.server.experience.validation import ValidationLimits, validate_batch
 from tests.support.frame_env import OBS_SHAPE, collect, frame_actor, keys
 
 

@@ -18,7 +18,7 @@ from fedrl.common.tls import (
     write_private,
 )
 from fedrl.common.tls import issue_participant_cert as issue
-from fedrl.server.auth import (
+from fedrl.server.security.auth import (
     Authenticator,
     AuthMode,
     InsecureBindError,

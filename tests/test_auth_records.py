@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fedrl.common.tls import TlsMaterialError, TlsPaths, create_ca, issue_participant_cert
-from fedrl.server.auth import issue_token, record_issued, revoke
+from fedrl.server.security.auth import issue_token, record_issued, revoke
 
 
 def test_concurrent_issues_are_all_recorded_and_all_revocable(tmp_path: Path) -> None:

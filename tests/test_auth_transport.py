@@ -31,7 +31,8 @@ from fedrl.common.tls import (
 )
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
-from fedrl.server.auth import (
+from fedrl.server.refusals import RequestRefusedError
+from fedrl.server.security.auth import (
     HEALTH_METHODS,
     Authenticator,
     AuthInterceptor,
@@ -41,8 +42,7 @@ from fedrl.server.auth import (
     revoke,
     server_credentials,
 )
-from fedrl.server.call_context import abort, acting_as
-from fedrl.server.refusals import RequestRefusedError
+from fedrl.server.transport.call_context import abort, acting_as
 
 TIMEOUT_S = 10
 

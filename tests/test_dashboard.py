@@ -25,13 +25,15 @@ from hypothesis import strategies as st
 from fedrl.common.identity import validate_participant_id
 from fedrl.common.tls import TlsPaths, create_ca, issue_server_cert, write_private
 from fedrl.proto.v1 import federation_pb2 as pb
-from fedrl.server.auth import InsecureBindError, issue_token, revoke
 from fedrl.server.cli import main
 from fedrl.server.config import ServerConfig
 from fedrl.server.dashboard.access import is_loopback_host_header
 from fedrl.server.dashboard.status_json import status_document
 from fedrl.server.dashboard.web import Dashboard, StatusSource
-from fedrl.server.session import DB_FILE, Federation
+from fedrl.server.federation.federation import Federation
+from fedrl.server.names import DB_FILE
+from fedrl.server.security.auth import InsecureBindError, issue_token, revoke
+from fedrl.server.status.read_model import ServerStatus
 from tests.support.server_harness import (
     InProcessServer,
     ServerProcess,
@@ -57,7 +59,7 @@ def start_dashboard(server: InProcessServer, **overrides: Any) -> tuple[Dashboar
     config = dataclasses.replace(server.config, dashboard_port=0, **overrides)
     dashboard = Dashboard.for_config(config)
     assert server.running is not None
-    return dashboard, server.call(dashboard.start(server.running.federation))
+    return dashboard, server.call(dashboard.start(server.running.status.read))
 
 
 def fetch(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any, bytes]:
@@ -231,7 +233,7 @@ def test_off_loopback_it_speaks_only_tls_and_only_to_holders_of_an_unrevoked_tok
     async def scenario() -> None:
         federation = await Federation.open(config)
         dashboard = Dashboard.for_config(config)
-        url = await dashboard.start(federation)
+        url = await dashboard.start(ServerStatus(federation).read)
         port = int(url.rsplit(":", 1)[1].strip("/"))
         base = f"https://127.0.0.1:{port}"
         seen["url"] = url
@@ -290,22 +292,22 @@ def test_off_loopback_it_speaks_only_tls_and_only_to_holders_of_an_unrevoked_tok
     assert seen["after revoke"] == 401
 
 
-class CountingFederation:
-    """Stands in for Federation.status, counting reads."""
+class CountingStatus:
+    """Stands in for the status read model, counting reads."""
 
     def __init__(self) -> None:
         self.reads = 0
 
-    async def status(self, session: str, max_versions: int) -> pb.StatusReply:
+    async def read(self, session: str, max_versions: int) -> pb.StatusReply:
         self.reads += 1
         await asyncio.sleep(0.01)
         return pb.StatusReply(server_time_unix_ms=self.reads)
 
 
 def test_viewers_share_one_status_read_per_second() -> None:
-    federation = CountingFederation()
+    status = CountingStatus()
     now = [100.0]
-    source = StatusSource(federation, max_versions=10, clock=lambda: now[0])  # type: ignore[arg-type]
+    source = StatusSource(status.read, max_versions=10, clock=lambda: now[0])
 
     async def scenario() -> list[bytes]:
         together = await asyncio.gather(*(source.document() for _ in range(5)))
@@ -318,7 +320,7 @@ def test_viewers_share_one_status_read_per_second() -> None:
     documents = [json.loads(d)["server_time_unix_ms"] for d in asyncio.run(scenario())]
 
     assert documents == [1, 1, 1, 1, 1, 1, 2]
-    assert federation.reads == 2
+    assert status.reads == 2
 
 
 def test_serve_prints_the_dashboard_url_and_a_taken_port_fails_with_what_to_do(

@@ -13,9 +13,9 @@ import pytest
 
 from fedrl.common.experience import decode_batch
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.experience_exchange import ExperienceExchange
+from fedrl.server.experience.exchange import ExperienceExchange
+from fedrl.server.federation.federation import Federation
 from fedrl.server.refusals import InvalidRequestError, NotFoundError, PreconditionError
-from fedrl.server.session import Federation
 from tests.support.experience import CONFIG, SPEC_HASH, assert_same_batch, cartpole_spec, make_batch
 from tests.support.server_harness import server_config
 

@@ -19,7 +19,7 @@ from fedrl.common.experience import BatchAssembler, ExperienceBatch, batch_messa
 from fedrl.proto.v1 import experience_pb2 as pb
 from fedrl.proto.v1 import experience_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.limits import LimitsConfig
+from fedrl.server.transport.limits import LimitsConfig
 from tests.support.experience import (
     CONFIG,
     Server,

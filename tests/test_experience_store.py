@@ -10,7 +10,7 @@ import pytest
 
 from fedrl.common.experience import ExperienceBatch, batch_header, decode_batch, encode_batch
 from fedrl.proto.v1 import experience_pb2 as pb
-from fedrl.server.experience_store import (
+from fedrl.server.experience.store import (
     BatchTooLargeError,
     ExperienceStore,
     SequenceError,

@@ -10,7 +10,7 @@ import pytest
 
 from fedrl.common.experience import ExperienceBatch
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.experience_validation import (
+from fedrl.server.experience.validation import (
     InvalidBatchError,
     ValidationLimits,
     validate_batch,

@@ -16,7 +16,7 @@ from fedrl.client.commands.export import ExportConfig, ExportError, compare_acti
 from fedrl.client.commands.state_dir import ModelIdentity, StateDir
 from fedrl.client.training.counters import Counters
 from fedrl.client.training.q_network import architecture_name, build_q_network, named_arrays
-from fedrl.server.model_store import ModelStore
+from fedrl.server.storage.model_store import ModelStore
 
 
 def saved_model(tmp_path: Path, *, dueling: bool = True) -> tuple[nn.Module, Path]:

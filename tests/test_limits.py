@@ -12,7 +12,7 @@ import pytest
 from fedrl.common.identity import id_from_metadata, id_to_metadata
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
-from fedrl.server.limits import (
+from fedrl.server.transport.limits import (
     LimitError,
     LimitsConfig,
     RateLimiter,

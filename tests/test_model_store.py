@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedrl.server.model_store import ModelStore
+from fedrl.server.storage.model_store import ModelStore
 
 Model = list[tuple[str, np.ndarray]]
 # Above Linux's PID_MAX_LIMIT (2**22): no process can have it.
@@ -351,7 +351,7 @@ WRITER = """
 import sys
 from pathlib import Path
 import numpy as np
-from fedrl.server.model_store import ModelStore
+from fedrl.server.storage.model_store import ModelStore
 
 store = ModelStore(Path(sys.argv[1]), keep_last=1000)
 version = max(store.versions(), default=-1)

@@ -30,7 +30,7 @@ from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.common.experience import ExperienceBatch
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.experience_validation import InvalidBatchError, ValidationLimits, validate_batch
+from fedrl.server.experience.validation import InvalidBatchError, ValidationLimits, validate_batch
 from tests.support.experience import GAMMA, SPEC_HASH, Server, cartpole_spec, make_batch
 from tests.support.server_harness import join
 

@@ -65,7 +65,7 @@ def record_training(root: Path, participant_id: str = "Макар") -> Path:
 
 
 def write_documented_metrics(path: Path) -> None:
-    """Every record kind the README documents, as a long run would write them."""
+    """Every record kind docs/monitoring.md documents, as a long run would write them."""
     rng = np.random.default_rng(0)
     records: list[dict[str, Any]] = []
     steps = 0

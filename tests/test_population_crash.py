@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from fedrl.proto.v1 import population_pb2_grpc as pb_grpc
-from fedrl.server.model_store import read_checkpoint
-from fedrl.server.session import DB_FILE
+from fedrl.server.names import DB_FILE
+from fedrl.server.storage.model_store import read_checkpoint
 from tests.support.polling import wait_until
 from tests.support.population import enroll, join_population, pull_donor, report
 from tests.support.ports import free_port

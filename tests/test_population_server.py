@@ -10,7 +10,7 @@ import pytest
 
 from fedrl.common.status_table import render_status
 from fedrl.proto.v1 import federation_pb2 as fpb
-from fedrl.server.session import SESSIONS_DIR
+from fedrl.server.names import SESSIONS_DIR
 from tests.support.population import (
     DQN_VALUES,
     enroll,

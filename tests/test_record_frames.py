@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from fedrl.server.record_frames import FRAME_HEADER_SIZE, RecordFrames
+from fedrl.server.storage.record_frames import FRAME_HEADER_SIZE, RecordFrames
 
 FRAMES = RecordFrames(b"TEST")
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from fedrl.server.aggregation import make_strategy
+from fedrl.server.strategy.registry import make_strategy
 from tests.support.secure_federation import SecureFederation, seeded
 from tests.support.server_harness import join, make_spec, pull, push
 

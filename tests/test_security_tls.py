@@ -17,7 +17,7 @@ from fedrl.common.tls import create_ca, issue_participant_cert
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.auth import issue_token, revoke
+from fedrl.server.security.auth import issue_token, revoke
 from tests.support.secure_federation import (
     CALL_TIMEOUT_S,
     ONES,

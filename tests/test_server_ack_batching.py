@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from fedrl.common.spec import spec_hash
-from fedrl.server.state_db import AckBatcher, AckRow, DbRunner, StateDB
+from fedrl.server.storage.db_runner import AckBatcher, DbRunner
+from fedrl.server.storage.state_db import AckRow, StateDB
 from tests.support.server_harness import make_spec
 
 T = TypeVar("T")

@@ -9,11 +9,15 @@ from pathlib import Path
 import numpy as np
 
 from fedrl.common.spec import spec_hash
-from fedrl.server.aggregation import WeightedMean
-from fedrl.server.aggregator import Aggregator, AggregatorSettings
-from fedrl.server.model_store import ModelStore
-from fedrl.server.state_db import DbRunner, StateDB
-from fedrl.server.update_log import LoggedUpdate, UpdateLog
+from fedrl.server.federation.aggregator import Aggregator
+from fedrl.server.federation.versions import Versions
+from fedrl.server.storage.db_runner import DbRunner
+from fedrl.server.storage.model_store import ModelStore
+from fedrl.server.storage.state_db import StateDB
+from fedrl.server.storage.update_log import UpdateLog
+from fedrl.server.storage.update_record import LoggedUpdate
+from fedrl.server.strategy.fedavg import FedAvg
+from fedrl.server.strategy.strategy import Rule
 from tests.support.server_harness import make_spec
 
 SPEC = make_spec([(4,)])
@@ -70,24 +74,22 @@ async def run_session(tmp_path: Path, store: ModelStore, values: list[float]) ->
     async def set_aside(update: LoggedUpdate, reason: str) -> None:
         raise AssertionError(f"update {update.lsn} set aside: {reason}")
 
-    aggregator = Aggregator(
+    committer = Versions(
         session=SESSION,
         names=["t0"],
         store=store,
+        velocities=ModelStore(tmp_path / "momentum"),
         update_log=log,
         db=runner,
-        strategy=WeightedMean(),
-        settings=AggregatorSettings(
-            buffer_size=2,
-            active_window_s=60.0,
-            buffer_timeout_s=0.05,
-            server_lr=1.0,
-            clip_norm=0.0,
-        ),
         data_dir=tmp_path,
         metrics_path=tmp_path / "metrics.jsonl",
-        on_version=on_version,
         discard_watermark=watermark,
+    )
+    aggregator = Aggregator(
+        session=SESSION,
+        strategy=FedAvg(Rule(buffer_size=2, buffer_timeout_s=0.05)),
+        versions=committer,
+        on_version=on_version,
         set_aside=set_aside,
     )
     aggregator.start()

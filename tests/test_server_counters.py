@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from fedrl.proto.v1 import federation_pb2 as pb
-from fedrl.server.session import Federation
-from fedrl.server.state_db import StateDB
+from fedrl.server.federation.federation import Federation
+from fedrl.server.status.read_model import StatusView
+from fedrl.server.storage.state_db import StateDB
 from tests.support.server_harness import (
     InProcessServer,
     join,
@@ -31,7 +32,7 @@ SPEC = make_spec([(4,)])
 def _participant(data_dir: Path, pid: str) -> pb.ParticipantState:
     db = StateDB(data_dir / "state.sqlite3", read_only=True)
     try:
-        (state,) = db.status("default", 1, 0).sessions
+        (state,) = StatusView(db).read("default", 1, 0).sessions
     finally:
         db.close()
     return next(p for p in state.participants if p.participant_id == pid)

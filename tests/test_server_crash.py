@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
-from fedrl.server.session import DB_FILE
+from fedrl.server.names import DB_FILE
 from tests.support.polling import wait_until
 from tests.support.ports import free_port
 from tests.support.server_harness import ServerProcess, channel, join, make_spec, push, seed

@@ -40,7 +40,7 @@ from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import experience_pb2 as xpb
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.experience_service import experience_service
+from fedrl.server.experience.service import experience_service
 from tests.support.experience import CONFIG, cartpole_spec, make_batch
 from tests.support.server_harness import (
     InProcessServer,
@@ -178,8 +178,7 @@ class Node:
         self.model = self.model_state()
 
     def _start(self) -> InProcessServer:
-        registration, exchange = experience_service(self.data_dir, CONFIG)
-        service = dataclasses.replace(registration, close=exchange.close)
+        service = experience_service(self.data_dir, CONFIG)
         config = server_config(
             self.data_dir, buffer_size=1, push_rate_per_s=1000.0, push_burst=1000
         )

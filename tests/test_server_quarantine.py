@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from fedrl.proto.v1 import federation_pb2 as pb
-from fedrl.server.record_frames import RecordFrames
-from fedrl.server.update_log import UpdateLog
+from fedrl.server.storage.record_frames import RecordFrames
+from fedrl.server.storage.update_log import UpdateLog
 from tests.support.server_harness import (
     InProcessServer,
     join,
@@ -31,7 +31,7 @@ from tests.support.server_harness import (
 SPEC = make_spec([(4,)])
 ZEROS = [np.zeros(4, np.float32)]
 SEGMENT_HEADER = 24
-"""Bytes before a segment's first record (server/update_log.py)."""
+"""Bytes before a segment's first record (server/storage/update_log.py)."""
 
 
 def session_dir(data_dir: Path) -> Path:

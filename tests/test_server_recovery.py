@@ -13,15 +13,11 @@ import pytest
 from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
-from fedrl.server.model_store import ModelStore
-from fedrl.server.session import (
-    DB_FILE,
-    GLOBAL_STATE_FILE,
-    METRICS_FILE,
-    Federation,
-    PushRequest,
-)
-from fedrl.server.update_log import UpdateLog
+from fedrl.server.federation.federation import Federation
+from fedrl.server.federation.session import PushRequest
+from fedrl.server.names import DB_FILE, GLOBAL_STATE_FILE, METRICS_FILE
+from fedrl.server.storage.model_store import ModelStore
+from fedrl.server.storage.update_log import UpdateLog
 from tests.support.server_harness import (
     InProcessServer,
     ServerProcess,
@@ -262,7 +258,7 @@ def test_update_acked_after_a_newer_one_was_applied_is_applied_after_a_crash(
         await federation.push(bob, [("t0", np.ones(4, np.float32))])
         while session.aggregator.current_version < 1:
             await asyncio.wait_for(session.changed.wait(), timeout=30)
-        await federation._acknowledge(session, slow)
+        await federation.pushes.acknowledge(session, slow, norm=6.0)
         # kill -9 here: alice is acknowledged, her update in no version. A dead
         # process also drops its lock on the log, which closing it stands for.
         session.update_log.close()

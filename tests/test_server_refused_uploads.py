@@ -28,7 +28,7 @@ from fedrl.client.federation.federation_client import (
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.limits import drain
+from fedrl.server.transport.limits import drain
 from tests.support.server_harness import InProcessServer, make_spec, metadata, named, server_config
 
 T = TypeVar("T")

@@ -1,4 +1,4 @@
-"""The domain rules of server/session.py, called directly: no gRPC in between."""
+"""The domain rules of server/federation/, called directly: no gRPC in between."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ import pytest
 
 from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import tensor_pb2 as tpb
+from fedrl.server.federation.federation import Federation
+from fedrl.server.federation.session import PushRequest
 from fedrl.server.refusals import InvalidRequestError, NotFoundError, PreconditionError
-from fedrl.server.session import Federation, PushRequest
+from fedrl.server.status.read_model import ServerStatus
+from fedrl.server.strategy.fedavg import FedAvg
 from tests.support.server_harness import make_spec, server_config
 
 T = TypeVar("T")
@@ -121,7 +124,7 @@ def test_leave_marks_the_participant_left_and_rejoin_makes_it_active(tmp_path: P
     async def scenario(federation: Federation) -> tuple[int, str, int]:
         await federation.leave("default", "alice")
         left = federation.notice("default").active_participants
-        status = await federation.status("default", 0)
+        status = await ServerStatus(federation).read("default", 0)
         await federation.join("default", "alice", SPEC, HASH)
         return (
             left,
@@ -140,7 +143,7 @@ def test_nfc_and_nfd_spellings_of_an_id_are_one_participant(tmp_path: Path) -> N
     async def scenario(federation: Federation) -> list[str]:
         await federation.join("default", "Am\u00e9lie", SPEC, HASH)
         await federation.join("default", nfd, SPEC, HASH)
-        status = await federation.status("default", 0)
+        status = await ServerStatus(federation).read("default", 0)
         return [p.participant_id for p in status.sessions[0].participants]
 
     assert run(tmp_path, scenario) == ["alice", "Am\u00e9lie"]
@@ -213,7 +216,7 @@ def test_clip_norm_bounds_each_update_before_averaging(tmp_path: Path) -> None:
 
 
 def test_an_injected_strategy_replaces_the_configured_one(tmp_path: Path) -> None:
-    class FirstOnly:
+    class FirstOnly(FedAvg):
         name = "first"
 
         def aggregate(

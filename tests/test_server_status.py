@@ -16,15 +16,17 @@ import pytest
 from click.testing import CliRunner
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from fedrl.common.config_help import FieldOption
 from fedrl.common.status_file import read_status_file
 from fedrl.common.status_table import display_width, render_status
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.server.app import run_server
-from fedrl.server.auth import InsecureBindError
 from fedrl.server.cli import main, serve_command
 from fedrl.server.config import ServerConfig
-from fedrl.server.session import DB_FILE
-from fedrl.server.state_db import StateDB
+from fedrl.server.names import DB_FILE
+from fedrl.server.security.auth import InsecureBindError
+from fedrl.server.status.read_model import StatusView
+from fedrl.server.storage.state_db import StateDB
 from tests.support.server_harness import (
     InProcessServer,
     ServerProcess,
@@ -93,7 +95,8 @@ def test_every_config_field_has_exactly_one_serve_option_with_its_default() -> N
     options = {
         param.name: param
         for param in serve_command.params
-        if param.name != "log_level"  # a process setting, not a server knob
+        # log_level is a process setting, not a server knob.
+        if isinstance(param, FieldOption) and param.name != "log_level"
     }
     fields = {f.name: f for f in dataclasses.fields(ServerConfig)}
 
@@ -141,7 +144,7 @@ def test_served_process_offers_federation_and_experience_exchange(tmp_path: Path
 
 
 def test_bare_command_help_shows_the_serve_options() -> None:
-    result = CliRunner().invoke(main, ["--help"])
+    result = CliRunner().invoke(main, ["--help-all"])
 
     assert result.exit_code == 0
     for option in ("--data-dir", "--port", "--session-strategy", "--token-auth", "--log-level"):
@@ -253,7 +256,7 @@ def test_each_version_counts_the_env_steps_folded_into_it_and_its_ancestors(
             versions = stub.Status(pb.StatusRequest()).sessions[0].versions
             seen.append([(v.version, v.env_steps) for v in versions])
     db = StateDB(config.data_dir / DB_FILE, read_only=True)
-    reread = db.status(None, 10, 0)
+    reread = StatusView(db).read(None, 10, 0)
     db.close()
 
     assert seen == [[(1, 100), (0, 0)], [(2, 350), (1, 100), (0, 0)]]

@@ -15,8 +15,8 @@ from fedrl.client.federation.channel import open_channel
 from fedrl.common.tls import CertifiedKey, ParticipantBundle, TlsPaths, load_cert
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
-from fedrl.server.auth import Authenticator, AuthInterceptor, AuthMode, server_credentials
-from fedrl.server.tls_commands import init_tls, issue, revoke
+from fedrl.server.security.auth import Authenticator, AuthInterceptor, AuthMode, server_credentials
+from fedrl.server.security.tls_commands import init_tls, issue, revoke
 
 
 def _invoke(command: object, *args: str) -> Result:

@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedrl.common.bfloat16 import bfloat16_bits_to_float32, float32_to_bfloat16_bits
-from fedrl.server.update_log import CorruptLogError, LoggedUpdate, UpdateLog, UpdateLogError
+from fedrl.server.storage.update_log import CorruptLogError, UpdateLog, UpdateLogError
+from fedrl.server.storage.update_record import LoggedUpdate
 
 SEGMENT_HEADER = 24
 FRAME_HEADER = 20
@@ -552,7 +553,7 @@ APPENDER = """
 import sys
 from pathlib import Path
 import numpy as np
-from fedrl.server.update_log import UpdateLog
+from fedrl.server.storage.update_log import UpdateLog
 
 log = UpdateLog(Path(sys.argv[1]), segment_bytes=1 << 20)
 sequence = log.last_lsn

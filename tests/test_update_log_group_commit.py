@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedrl.server.update_log import LoggedUpdate, UpdateLog, UpdateLogError
+from fedrl.server.storage.update_log import UpdateLog, UpdateLogError
+from fedrl.server.storage.update_record import LoggedUpdate
 
 FOLLOWERS = 7
 HOLD_S = 0.5

@@ -43,7 +43,7 @@ class ProgressField:
     label: str
     """Short label on the terminal bar."""
     doc: str
-    """What it means, for the README's table."""
+    """What it means, for the table in docs/monitoring.md."""
     digits: int
     """Decimals shown; 0 for counts."""
     on_bar: bool = True

@@ -31,7 +31,7 @@ CONNECTION_OPTIONS: ChannelOptions = (
     # dropped mapping, a dead host) would leave that stream waiting forever:
     # a ping every 60 s, answered within 20 s, finds it, and the stream ends
     # with UNAVAILABLE so the participant reconnects. The server accepts
-    # pings as often as every 10 s (fedrl.server.app.server_options).
+    # pings as often as every 10 s (fedrl.server.transport.grpc_server.server_options).
     ("grpc.keepalive_time_ms", 60_000),
     ("grpc.keepalive_timeout_ms", 20_000),
     # By default a client stops pinging after two pings without data in

@@ -81,22 +81,18 @@ class ExchangeConfig:
     """Experience exchange knobs of a participant.
 
     Why the others' transitions earn twice a local step's credit by default:
-    through the server (bench/federation.py, asynchronous pairs, credit at
-    the receiver's pace) credit 1 missed the 1.6x target on LunarLander in
-    one of two invocations (1.25x, own model 1.50x, against 1.67x and 1.88x)
-    and credit 2 met it on both models (1.88x, 1.67x, 5 of 5 seeds), while
-    CartPole's pairs meet it either way over 20 seeds (2.50x and 2.46x own
-    at credit 2; 2.78x and 2.11x at 1). The price is CPU: about 1.3 updates
-    per own env step in a pair instead of 0.9.
+    with any credit the learner's updates grow with all the data the group
+    collects, as an Ape-X learner's do with its actors'; at 2 the others'
+    data is replayed twice as often as one's own, which let asynchronous
+    pairs meet their target on LunarLander where 1 did not reliably. The
+    price is CPU: more updates per own env step.
 
     Why four times in rounds: there the members' updates of each round,
     made on the same data, are averaged into one step of the shared model,
     so four members' updates move it about as far as one member's would;
     more credit is what buys more sequential updates per transition the
-    group collects. LunarLander's fours at credit 2 sat on a
-    plateau near a score of 0 on two of three seeds; at 4 they reached 100
-    at a median of 16,000 env steps each (3 of 5 seeds), 3.75x the lone
-    learner's 60,000, at about 6.3 updates per own env step instead of 3.4.
+    group collects. The measurements behind both defaults are in
+    docs/benchmarks.md (federation).
     """
 
     foreign_credit: float = field(

@@ -74,7 +74,7 @@ _RETRYABLE = frozenset(
 
 
 # RESOURCE_EXHAUSTED means "slow down" when a rate or stream limit answered
-# (fedrl.server.limits words its messages so), but "never" when a size limit
+# (fedrl.server.transport.limits words its messages so), but "never" when a size limit
 # did: resending an oversized update would be refused forever.
 _THROTTLED = ("rate limit", "stream limit")
 
@@ -91,6 +91,14 @@ def _translate(exc: grpc.aio.AioRpcError, what: str) -> ServerCallError:
     if code == grpc.StatusCode.ALREADY_EXISTS:
         return AlreadySeededError(message, code)
     return RejectedError(message, code)
+
+
+@dataclass(frozen=True)
+class DataLabel:
+    """What a participant trains on (a trading run's market), as status shows it."""
+
+    source: str
+    synthetic: bool
 
 
 @dataclass(frozen=True)
@@ -189,11 +197,17 @@ class FederationClient:
         return self.config.chunk_bytes or DEFAULT_CHUNK_BYTES
 
     async def join(
-        self, spec: tpb.ModelSpec, *, client_version: str = "", mode: str = ""
+        self,
+        spec: tpb.ModelSpec,
+        *,
+        client_version: str = "",
+        mode: str = "",
+        data: DataLabel | None = None,
     ) -> pb.JoinReply:
         """Enter the session; SpecMismatchError when the local model (or `mode`) does not fit it.
 
         `mode` "pbt" joins (or creates) a population session instead of an averaging one.
+        `data` says what the participant trains on, for status and the dashboard.
         """
         digest = spec_hash(spec)
         request = pb.JoinRequest(
@@ -203,6 +217,8 @@ class FederationClient:
             spec_hash=digest,
             client_version=client_version,
             mode=mode,
+            data_source=data.source if data is not None else "",
+            synthetic_data=data.synthetic if data is not None else False,
         )
         try:
             reply: pb.JoinReply = await self._unary(self._stub.Join, request, "join")

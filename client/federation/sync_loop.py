@@ -28,12 +28,10 @@ outbox (bounded wait), and the caller saves.
 
 Synchronous rounds (`--round-wait-s`; with `--rounds-from`, only while
 that many members push weights: fedrl.client.federation.sync_plan).
-Asynchronously a member adopts
-a version at its next sync after the version formed, so its model meets
-the others' only every few syncs, and late: on CartPole's fours that kept
-the group at 1.5-1.8x a lone learner's speed, where averaging every round
-gave 5.4x in a lock-step simulation of the same engines
-(bench/federation_sim.py, README "Where the fours lose it"). In rounds,
+Asynchronously a member adopts a version at its next sync after the
+version formed, so its model meets the others' only every few syncs, and
+late; rounds average every member's model every round, as the lock-step
+simulation (bench/federation_sim.py) does with nothing late. In rounds,
 every member syncs every `sync_steps` env steps and episodes do not
 trigger syncs, so all push at the same steps; after queueing its
 experience and seeing it acknowledged, a member pushes its update and
@@ -72,6 +70,7 @@ from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.errors import SyncError, UnavailableError
 from fedrl.client.federation.experience_cursor import CursorFile
 from fedrl.client.federation.experience_sync import ExchangeConfig, ExperienceSync
+from fedrl.client.federation.federation_client import DataLabel
 from fedrl.client.federation.global_scoring import VersionScore
 from fedrl.client.federation.observation_bounds import ObservationBounds
 from fedrl.client.federation.outbox import Outbox, OutboxLimits
@@ -128,6 +127,7 @@ class SyncLoop:
         exchange: ExchangeConfig = _DEFAULT_EXCHANGE,
         target_at_adoption: TargetAtAdoption = "shift",
         on_record: Callable[[dict[str, Any]], None] | None = None,
+        data: DataLabel | None = None,
     ) -> None:
         """`exchange` says how experience is traded when `share` includes it (a DQN engine:
         other participants' transitions go into its replay, TrainingEngine.add_foreign).
@@ -136,7 +136,9 @@ class SyncLoop:
         `plan` says when progress is pushed and experience queued, in synchronous rounds
         (module docstring; DQN) or asynchronously, as the session's size goes
         (fedrl.client.federation.sync_plan), and the deltas' wire type.
-        `on_record` receives one metrics record per push ("sync") and adoption ("adopt")."""
+        `on_record` receives one metrics record per push ("sync") and adoption ("adopt").
+        `data` says what this participant trains on, for the server's status."""
+        self._data = data
         for mode in (plan.alone, plan.rounds, plan.warmup):
             if mode is not None:
                 check_rounds(
@@ -220,6 +222,7 @@ class SyncLoop:
             session=self._session,
             spec=self._spec,
             backoff=self._backoff,
+            data=self._data,
         )
         try:
             link.start()

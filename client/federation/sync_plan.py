@@ -16,23 +16,15 @@ the others' included), a DQN participant sharing both syncs in rounds
 whatever the group's size (the plan's own rounds if it has them; else
 float32 rounds of ROUND_STEPS waiting up to ROUND_WAIT_S): shared warmup,
 `--no-shared-warmup` to turn it off. Steps without updates run at env
-speed, far faster than the exchange, so asynchronously each member filled
-its replay by itself; in rounds a group of N fills every member's replay in
-about 1/N of the steps. That was what rounds from three members had lost
-against rounds from the first step.
+speed, far faster than the exchange, so asynchronously each member would
+fill its replay by itself; in rounds a group of N fills every member's
+replay in about 1/N of the steps.
 
-Why rounds by size (bench/federation.py, README "Shared warmup (stop
-33)"): with the warmup, fours in rounds reached CartPole's 475 at a median
-1,875 env steps each over seeds 10-19 (15.4x a lone learner; asynchronous
-fours about 3.8x) and LunarLander's 100 at 20,000 over seeds 0-4 (4.2x);
-pairs in rounds had done worse than asynchronously on LunarLander (1 of 5
-seeds within 48,000 steps, against 4 of 5 at 32,000-36,000), so pairs stay
-asynchronous. Run long enough to be judged (README "Pairs run long enough
-to be judged (stop 34)"), pairs in rounds were faster on CartPole (a median 8,125 env steps
-each to 475 over seeds 0-19, against 11,375 asynchronously) and slower on
-LunarLander (40,000 to 100 over seeds 0-4, against 24,000, with a lone
-learner's 60,000): only the asynchronous pairs meet the 0.8·N target on
-both tasks.
+Why rounds only from three members: averaging every round keeps a group's
+models together at the price of a wait for the slowest member each round.
+In bench/federation.py's runs on CartPole and LunarLander, groups of four
+learned faster in rounds and pairs did not, so pairs sync asynchronously
+(docs/benchmarks.md, federation).
 """
 
 from __future__ import annotations
@@ -50,9 +42,9 @@ if TYPE_CHECKING:
 ROUND_STEPS = 128
 """Env steps per synchronous round unless given (a sync per 8 steps of 16 envs)."""
 ROUND_DELTA_DTYPE = "float32"
-"""Rounds' default: a round's delta is small, and bfloat16's 8 bits of mantissa cost CartPole's
-fours a quarter of their gain (3.12x instead of 4.17x on seeds 0-9) and LunarLander's fours
-32,000 steps each instead of 20,000 (seeds 0-1)."""
+"""Rounds' default: a round's delta holds only ROUND_STEPS env steps of updates and is averaged
+as soon as it is sent, so it goes whole rather than rounded to bfloat16's 8 bits of mantissa
+(docs/benchmarks.md, weight deltas)."""
 ROUND_WAIT_S = 5.0
 """Longest wait for a round's version unless given (warmup rounds included): the server's
 default buffer timeout, after which a version forms without a silent member."""

@@ -22,14 +22,17 @@ thread:
    reference in the sync state file, and only then lets the network thread
    send it;
 2. adopts a newer global version g if the network thread pulled one (it
-   pulls as soon as the link hears of a new version): local := g + (local −
-   reference), the reference := g. The term in brackets is what was learned
-   since the last push and not yet sent, so adoption loses no local work.
-   The learner's target network moves by the same change by default
-   (`target_at_adoption` also offers reset and keep). The optimizer state
-   (Adam's moments) is kept: it describes the loss surface around a nearby
-   model, and resetting it would restart Adam's bias correction with
-   oversized first steps after every sync.
+   pulls as soon as the link hears of a new version): the new reference is
+   g plus this participant's deltas that g does not hold yet (the server
+   says which it holds: `applied_sequence`), and local moves by the change
+   of reference, the others' progress (`rebase`). What was learned since the
+   last push and not yet sent stays in local − reference, so adoption loses
+   no local work.
+   The learner's target network is shifted by the same change as the online
+   net by default (`target_at_adoption` also offers reset and keep). The
+   optimizer state (Adam's moments) is kept: it describes the loss surface
+   around a nearby model, and resetting it would restart Adam's bias
+   correction with oversized first steps after every sync.
 3. at the end (the session goal, the run's budget, Ctrl-C) pushes the
    remaining progress and waits, bounded, for its acknowledgement
    (`finish`); the caller saves.

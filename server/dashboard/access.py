@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedrl.common.tls import TlsMaterialError, TlsPaths, is_loopback
-from fedrl.server.auth import AuthError, InsecureBindError, TokenBook
+from fedrl.server.security.auth import AuthError, InsecureBindError, TokenBook
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """The dashboard's web server: an aiohttp application on the gRPC server's own asyncio loop.
 
 aiohttp, because its AppRunner and TCPSite start and stop as coroutines on
-a loop someone else runs (here grpc.aio's): the page reads the Federation
-object directly, in the same thread as every RPC, with no second thread,
-process or copy of the state. It is well kept (aio-libs, releases every few
+a loop someone else runs (here grpc.aio's): the page reads the status read
+model (status/read_model.py) directly, in the same thread as every RPC, with
+no second thread, process or copy of the state. It is well kept (aio-libs, releases every few
 weeks) and serves TLS from a standard ssl.SSLContext. ASGI servers such as
 uvicorn expect to own the loop and the signals.
 
@@ -25,13 +25,14 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.server.config import ServerConfig
 from fedrl.server.dashboard.access import (
     DashboardAccess,
@@ -39,7 +40,6 @@ from fedrl.server.dashboard.access import (
     is_loopback_host_header,
 )
 from fedrl.server.dashboard.status_json import status_document
-from fedrl.server.session import Federation
 
 log = logging.getLogger(__name__)
 
@@ -68,21 +68,25 @@ _OPEN_PATHS = frozenset({"/login", "/static/dashboard.css", "/static/icon.svg"})
 """What a viewer without a token may fetch: the form and how it looks."""
 
 
+StatusReader = Callable[[str, int], Awaitable[pb.StatusReply]]
+"""(session, max versions) -> the status reply, as the Status RPC answers it."""
+
+
 class StatusSource:
-    """The status document, read from the Federation at most once per `max_age_s`.
+    """The status document, read from the status read model at most once per `max_age_s`.
 
     Concurrent requests wait for the same read instead of starting their own.
     """
 
     def __init__(
         self,
-        federation: Federation,
+        read: StatusReader,
         *,
         max_versions: int,
         max_age_s: float = STATUS_MAX_AGE_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._federation = federation
+        self._read_status = read
         self._max_versions = max_versions
         self._max_age_s = max_age_s
         self._clock = clock
@@ -100,7 +104,7 @@ class StatusSource:
 
     async def _read(self) -> bytes:
         started = self._clock()
-        reply = await self._federation.status("", self._max_versions)
+        reply = await self._read_status("", self._max_versions)
         body = json.dumps(status_document(reply), ensure_ascii=False, allow_nan=False)
         self._latest = (started, body.encode("utf-8"))
         return self._latest[1]
@@ -122,14 +126,14 @@ class Dashboard:
         TlsMaterialError before anything listens."""
         return cls(
             host=config.dashboard_host,
-            port=config.dashboard_port,
+            port=config.dashboard_listen_port,
             access=dashboard_access(config.dashboard_host, config.data_dir),
             max_versions=config.dashboard_versions,
         )
 
-    async def start(self, federation: Federation) -> str:
-        """Listen; returns the page's URL (with the real port when port was 0)."""
-        app = build_app(self.access, StatusSource(federation, max_versions=self.max_versions))
+    async def start(self, read: StatusReader) -> str:
+        """Listen, showing what `read` returns; the page's URL (with the real port when 0)."""
+        app = build_app(self.access, StatusSource(read, max_versions=self.max_versions))
         # Requests are short polls: a second is plenty for the last ones at shutdown.
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await runner.setup()

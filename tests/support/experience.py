@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +12,10 @@ from fedrl.common.spec import spec_hash
 from fedrl.proto.v1 import experience_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import federation_pb2_grpc as fed_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.experience_exchange import ExperienceConfig
-from fedrl.server.experience_service import experience_service
-from fedrl.server.experience_store import StoreConfig
-from fedrl.server.experience_validation import ValidationLimits
+from fedrl.server.experience.exchange import ExperienceConfig
+from fedrl.server.experience.service import experience_service
+from fedrl.server.experience.store import StoreConfig
+from fedrl.server.experience.validation import ValidationLimits
 from tests.support.server_harness import InProcessServer, channel, server_config
 
 OBS_SHAPE = (4,)
@@ -95,9 +94,7 @@ class Server(InProcessServer):
 
     def __init__(self, data_dir: Path, config: ExperienceConfig = CONFIG, **overrides: Any) -> None:
         """`overrides`: ServerConfig fields other than the defaults (server_config)."""
-        registration, exchange = experience_service(data_dir, config)
-        # Closed with the server, as `fedrl-server serve` closes it.
-        service = dataclasses.replace(registration, close=exchange.close)
+        service = experience_service(data_dir, config)
         super().__init__(server_config(data_dir, **overrides), extra_services=[service])
         self.data_dir = data_dir
 

@@ -28,7 +28,7 @@ from fedrl.common.tls import (
 )
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
-from fedrl.server.auth import record_issued
+from fedrl.server.security.auth import record_issued
 from tests.support.server_harness import (
     CHANNEL_OPTIONS,
     InProcessServer,

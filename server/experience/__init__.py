@@ -1,0 +1,1 @@
+"""The experience exchange: batch validation, the bounded store, its domain and servicer."""

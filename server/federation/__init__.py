@@ -1,0 +1,1 @@
+"""The federation core: sessions, pushes and pulls, the aggregator and its versions."""

@@ -1,0 +1,1 @@
+"""Population-based training: the ranking rule, its records, its domain and servicer."""

@@ -1,0 +1,1 @@
+"""Who may call: authentication of every call, and the TLS material commands."""

@@ -1,0 +1,1 @@
+"""Durable storage: the update log, the state database, model checkpoints, record frames."""

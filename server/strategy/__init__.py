@@ -1,0 +1,1 @@
+"""The aggregation rule: one Strategy per file over the pure numpy math of aggregate.py."""

@@ -1,0 +1,1 @@
+"""gRPC plumbing the services share: call context, per-participant limits, request fields."""
