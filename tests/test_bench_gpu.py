@@ -11,23 +11,15 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from tests.support.benches import load_bench
+from bench import gpu as gpu_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def gpu_bench() -> ModuleType:
-    return load_bench("gpu.py", "fedrl_bench_gpu")
-
-
-def test_offline_rates_count_from_the_first_to_the_last_trained_record(
-    gpu_bench: ModuleType,
-) -> None:
+def test_offline_rates_count_from_the_first_to_the_last_trained_record() -> None:
     records = [
         {"kind": "episode", "time": 0.0, "env_steps": 100},
         {"kind": "train", "time": 1.0, "env_steps": 1_000, "updates": 0},
@@ -44,7 +36,7 @@ def test_offline_rates_count_from_the_first_to_the_last_trained_record(
     assert figures["env_steps"] == 6_000
 
 
-def test_a_run_too_short_to_rate_says_so(gpu_bench: ModuleType) -> None:
+def test_a_run_too_short_to_rate_says_so() -> None:
     figures = gpu_bench.rates(
         [{"kind": "train", "time": 1.0, "env_steps": 9, "updates": 3}], replay_ratio=0.25
     )
@@ -52,7 +44,7 @@ def test_a_run_too_short_to_rate_says_so(gpu_bench: ModuleType) -> None:
     assert "too short" in figures["error"]
 
 
-def test_a_part_that_fails_is_reported_with_its_output_not_raised(gpu_bench: ModuleType) -> None:
+def test_a_part_that_fails_is_reported_with_its_output_not_raised() -> None:
     failed = gpu_bench.run_part([sys.executable, "-c", "import sys; sys.exit('no GPU')"], 30)
     silent = gpu_bench.run_part([sys.executable, "-c", "print('not json')"], 30)
 
