@@ -17,9 +17,12 @@ import pytest
 import torch
 
 from fedrl.client.training.device_replay import DeviceReplay
+from fedrl.client.training.engine import TrainingEngine
+from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.frame_replay import FrameReplay
 from fedrl.client.training.learner import Learner
 from fedrl.client.training.learner_config import LearnerConfig
+from fedrl.client.training.q_network import named_arrays
 from fedrl.client.training.replay import PrioritizedReplay
 from fedrl.client.training.transitions import LearnerTransitions
 from tests.support.frame_env import OBS_SHAPE, STACK, frame_actor
@@ -322,3 +325,42 @@ def test_captured_updates_equal_eager_updates_on_cuda() -> None:
         rtol=1e-4,
         atol=1e-6,
     )
+
+
+def test_a_device_learners_weights_reach_the_actors_at_the_count_they_were_taken(
+    one_torch_thread: None,
+) -> None:
+    # prepare: one actor in this process, a device learner that publishes every 4 updates
+    engine = TrainingEngine(
+        EngineConfig(
+            env="CartPole-v1",
+            workers=0,
+            envs_per_worker=4,
+            steps_per_slot=4,
+            eval_interval=0,
+            weights_interval=4,
+        ),
+        LearnerConfig(
+            device_update="on", learning_starts=64, batch_size=16, hidden=(16,), device="cpu"
+        ),
+    )
+    published = []
+
+    # act
+    with engine:
+        while engine.counters.updates < 60:
+            before = engine._schedule.published_at
+            engine.poll()
+            schedule = engine._schedule
+            if schedule.published_at != before:
+                actor = schedule.pool.serial
+                assert actor is not None
+                published.append(schedule.published_at)
+                # assert: the actor holds the learner's weights of the count they were taken at
+                assert actor.weights_version == schedule.published_at == engine.learner.updates
+                for (_, held), (_, learner) in zip(
+                    named_arrays(actor._net), engine.learner.weights(), strict=True
+                ):
+                    np.testing.assert_array_equal(held, learner)
+
+    assert len(published) >= 3

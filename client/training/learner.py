@@ -94,6 +94,20 @@ def dqn_loss(  # noqa: PLR0917 (the contract keeps the paper's argument order)
 
 
 @dataclass(frozen=True)
+class PendingWeights:
+    """The online network's weights on their way to the host (Learner.weights_later)."""
+
+    arrays: list[tuple[str, np.ndarray]]
+    """Named float32 arrays, as Learner.weights gives them: read them once `arrived()`."""
+    updates: int
+    """The learner's update count whose weights these are."""
+    ready: torch.cuda.Event | None
+
+    def arrived(self) -> bool:
+        return self.ready is None or bool(self.ready.query())  # type: ignore[no-untyped-call]
+
+
+@dataclass(frozen=True)
 class _PendingPriorities:
     """|TD errors| still on their way to the host, and the slots they belong to."""
 
@@ -500,6 +514,20 @@ class Learner:
     def weights(self) -> list[tuple[str, np.ndarray]]:
         """The online network as named float32 CPU arrays (for actors and federation)."""
         return named_arrays(self.online)
+
+    def weights_later(self) -> PendingWeights:
+        """The weights `weights()` would give, copied to the host behind the updates queued on
+        CUDA (into pinned memory, not waited for) rather than after waiting for them."""
+        if not self._cuda:
+            return PendingWeights(self.weights(), self.updates, None)
+        arrays = []
+        for name, param in self.online.named_parameters():
+            host = torch.empty(param.shape, dtype=torch.float32, pin_memory=True)
+            host.copy_(param.detach(), non_blocking=True)
+            arrays.append((name, host.numpy()))
+        ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        ready.record()
+        return PendingWeights(arrays, self.updates, ready)
 
     def set_weights(
         self, arrays: Sequence[tuple[str, np.ndarray]], *, target: TargetAtAdoption = "reset"
