@@ -18,7 +18,7 @@ INSTALL_EXTRAS := dev,plot,export,atari,video,trading
 BENCH_MODULES := bench.federation bench.federation_sim
 BENCH_SCRIPTS := $(filter-out bench/__init__.py bench/federation_sim.py,$(wildcard bench/*.py))
 
-.PHONY: install lock browser postgres test test-all proto proto-check lint fmt typecheck bench demo clean
+.PHONY: install lock browser postgres test test-all proto proto-check lint fmt typecheck bench bench-gpu wheelhouse demo clean
 
 install: $(STAMP)
 
@@ -116,10 +116,36 @@ bench: install
 	@for m in $(BENCH_MODULES); do echo "== python -m $$m --quick"; \
 		$(BIN)/python -m $$m --quick || exit 1; done
 
+# Every wheel fedrl needs but torch, for Linux x86-64 and each CPython in
+# WHEEL_PYTHONS, at the lock's versions, into $(WHEELHOUSE) (needs an index;
+# see scripts/wheelhouse.py). A node without internet that brings its own torch
+# then installs with `pip install --no-index --find-links wheelhouse fedrl`.
+# `make wheelhouse WHEEL_PYTHONS=3.12 WHEEL_EXTRAS=atari` is the ~55 MiB that
+# `make bench-gpu` needs.
+WHEELHOUSE ?= wheelhouse
+WHEEL_PYTHONS ?= 3.11 3.12
+WHEEL_EXTRAS ?= atari,plot,video,export,trading
+wheelhouse: install
+	$(BIN)/python scripts/wheelhouse.py --out $(WHEELHOUSE) --extras $(WHEEL_EXTRAS) \
+		$(foreach v,$(WHEEL_PYTHONS),--python $(v))
+
+# The GPU check (docs/gpu.md) on a GPU node with no internet: fedrl from this
+# tree and the lock's versions of its dependencies from WHEELHOUSE, in a venv
+# over the node's own Python and torch (GPU_PYTHON), then bench/gpu.py: one
+# JSON file, BENCH_GPU_OUT, in under 8 minutes on one H100. The steps are
+# scripts/bench_gpu.sh, which also runs where make is not installed.
+GPU_PYTHON ?= python3
+GPU_VENV ?= .venv-gpu
+BENCH_GPU_OUT ?= bench-gpu.json
+BENCH_GPU_ARGS ?=
+bench-gpu:
+	GPU_PYTHON=$(GPU_PYTHON) GPU_VENV=$(GPU_VENV) WHEELHOUSE=$(WHEELHOUSE) \
+		BENCH_GPU_OUT=$(BENCH_GPU_OUT) bash scripts/bench_gpu.sh $(BENCH_GPU_ARGS)
+
 # The main job: a server on localhost and two participants training
 # CartPole-v1 together until a modest goal; ends with the status table.
 demo: install
 	$(BIN)/python scripts/demo.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(GPU_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

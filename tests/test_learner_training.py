@@ -73,8 +73,10 @@ def _learned_q(learner: Learner) -> np.ndarray:
         {},
         {"double_dqn": False, "dueling": False, "prioritized": False},
         {"target_update": "polyak", "target_update_interval": 1, "polyak_tau": 0.05},
+        {"device_update": "on"},
+        {"device_update": "on", "double_dqn": False, "dueling": False, "prioritized": False},
     ],
-    ids=["defaults", "plain-dqn-uniform", "polyak"],
+    ids=["defaults", "plain-dqn-uniform", "polyak", "device-update", "device-update-uniform"],
 )
 def test_learner_learns_the_true_q_values_of_a_chain(changes: dict[str, Any]) -> None:
     learner = Learner(obs_shape=(CHAIN,), n_actions=2, config=dataclasses.replace(SMALL, **changes))
@@ -115,8 +117,11 @@ def test_beta_anneals_from_beta0_to_one() -> None:
     assert learner.beta() == 1.0
 
 
-def test_hard_target_update_copies_the_online_network_at_the_interval() -> None:
-    config = dataclasses.replace(SMALL, target_update_interval=10, sample_block=3)
+@pytest.mark.parametrize("device_update", ["off", "on"])
+def test_hard_target_update_copies_the_online_network_at_the_interval(device_update: str) -> None:
+    config = dataclasses.replace(
+        SMALL, target_update_interval=10, sample_block=3, device_update=device_update
+    )
     learner = Learner(obs_shape=(CHAIN,), n_actions=2, config=config)
     learner.add(_chain_transitions(copies=16))
 

@@ -36,8 +36,10 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+import torch
 
 from fedrl.client.training.cnn import is_image
+from fedrl.client.training.device_replay import DeviceReplay
 from fedrl.client.training.frame_segment import FrameSegment
 from fedrl.client.training.replay import (
     PrioritizedReplay,
@@ -154,7 +156,7 @@ class FrameReplay(ReplayStore):
         prev = np.empty((steps, envs), dtype=np.int64)
         prev[1:] = serials[:-1]
         prev[0] = np.where(counts > 0, self._streams[streams, (counts - 1) % HISTORY], -1)
-        self._frames[slots] = segment.frames
+        self._put_frames(slots.ravel(), segment.frames.reshape(-1, *self.obs_shape[1:]))
         self._first[slots] = segment.first
         self._prev[slots] = prev
         for t in range(steps):
@@ -184,6 +186,7 @@ class FrameReplay(ReplayStore):
             foreign=False,
         )
         self._expire()
+        self._mirror_size()
         return stored
 
     def add(self, batch: LearnerTransitions, *, foreign: bool = False) -> None:
@@ -276,7 +279,7 @@ class FrameReplay(ReplayStore):
         kinds, src_rows, frames = (np.asarray(c, dtype=np.int64) for c in zip(*source, strict=True))
         for kind, column in ((0, obs), (1, next_obs)):
             picked = kinds == kind
-            self._frames[slots[picked]] = column[src_rows[picked], frames[picked]]
+            self._put_frames(slots[picked], column[src_rows[picked], frames[picked]])
         self._first[slots] = first
         self._prev[slots[1:]] = self._serial[slots[:-1]]
         self._prev[slots[0]] = -1
@@ -289,6 +292,7 @@ class FrameReplay(ReplayStore):
             foreign=foreign,
         )
         self._expire()
+        self._mirror_size()
         # Every link of these stacks was written just now: all are stored.
         in_batch_order = np.empty_like(stored)
         in_batch_order[order] = stored
@@ -323,8 +327,8 @@ class FrameReplay(ReplayStore):
         foreign: bool,
     ) -> np.ndarray:
         """Put transitions in the entries of their observations; returns the entries kept."""
-        _, intact, oldest = self._walk(obs)
-        _, next_intact, _ = self._walk(nxt)
+        obs_entries, intact, oldest = self._walk(obs)
+        next_entries, next_intact, _ = self._walk(nxt)
         keep = intact & next_intact
         slots: np.ndarray = obs[keep]
         self._next[slots] = nxt[keep]
@@ -338,6 +342,15 @@ class FrameReplay(ReplayStore):
         self._size += int((~self._live[slots]).sum())
         self._live[slots] = True
         self._tree.set(slots, np.full(slots.shape[0], self._max_priority))
+        if self.mirror is not None and slots.size:
+            self.mirror.write_stacked(
+                slots,
+                obs_entries[keep],
+                action[keep],
+                reward[keep],
+                next_entries[keep],
+                discount[keep],
+            )
         return slots
 
     def _expire(self) -> None:
@@ -358,6 +371,37 @@ class FrameReplay(ReplayStore):
         self._size -= int(self._live[slots].sum())
         self._live[slots] = False
         self._tree.set(slots, np.zeros(slots.shape[0]))
+        if self.mirror is not None:
+            self.mirror.remove(slots)
+
+    def _put_frames(self, entries: np.ndarray, frames: np.ndarray) -> None:
+        self._frames[entries] = frames
+        if self.mirror is not None and entries.size:
+            self.mirror.write_frames(entries, frames)
+
+    def _mirror_size(self) -> None:
+        if self.mirror is not None:
+            self.mirror.set_size(self._size)
+
+    def _mirror_layout(self) -> tuple[int | None, torch.dtype]:
+        return self._stack, torch.uint8
+
+    def _copy_to(self, mirror: DeviceReplay) -> None:
+        mirror.write_frames(np.arange(self._capacity), self._frames[: self._capacity])
+        live = np.flatnonzero(self._live)
+        if not live.size:
+            return
+        obs_entries, _, _ = self._walk(live)
+        next_entries, _, _ = self._walk(self._next[live])
+        mirror.write_stacked(
+            live,
+            obs_entries,
+            self._action[live],
+            self._reward[live],
+            next_entries,
+            self._discount[live],
+        )
+        mirror.set_priorities(live, self._tree.get(live), self._max_priority)
 
     # -- stacks --------------------------------------------------------------
 

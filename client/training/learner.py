@@ -5,6 +5,11 @@ samples, steps, writes priorities back and moves the target network. Its
 knobs are fedrl.client.training.learner_config's. Collection happens
 elsewhere; the caller feeds ``add`` and calls ``train`` at whatever replay
 ratio it wants.
+
+Two ways to run the same update: on the host replay (numpy sampling and
+priorities, batches copied to the device: the CPU's way), or wholly on the
+device (the replay mirrored there and the whole update captured in one CUDA
+graph: fedrl.client.training.captured_update, CUDA's way by default).
 """
 
 from __future__ import annotations
@@ -13,15 +18,17 @@ import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from fedrl.client.training.captured_update import CapturedUpdate
 from fedrl.client.training.cnn import is_image
 from fedrl.client.training.config_changes import refuse_fixed_changes
 from fedrl.client.training.device import resolve_device, to_cpu
+from fedrl.client.training.device_replay import DeviceBatch, DeviceReplay
 from fedrl.client.training.distributed import GradientSync
 from fedrl.client.training.frame_replay import FrameStore, make_replay
 from fedrl.client.training.frame_segment import FrameSegment
@@ -38,11 +45,14 @@ from fedrl.client.training.q_network import (
     load_named_arrays,
     named_arrays,
 )
-from fedrl.client.training.replay import Replay, SampledBatch
+from fedrl.client.training.replay import Replay, ReplayStore, SampledBatch
 from fedrl.client.training.transitions import LearnerTransitions
 
 STATE_FORMAT = 1
 """Version of ``Learner.state_dict()``'s layout; bumped on any change to it."""
+DEVICE_REPLAY_SHARE = 0.6
+"""The most of a GPU's free memory whose replay copy `device_update` auto still takes; a
+larger replay trains with the host update."""
 
 
 def dqn_loss(  # noqa: PLR0917 (the contract keeps the paper's argument order)
@@ -83,15 +93,18 @@ def dqn_loss(  # noqa: PLR0917 (the contract keeps the paper's argument order)
     return loss, td_error.detach().abs()
 
 
-class DeviceBatch(NamedTuple):
-    """One update's batch, as tensors on the learner's device."""
+@dataclass(frozen=True)
+class PendingWeights:
+    """The online network's weights on their way to the host (Learner.weights_later)."""
 
-    obs: torch.Tensor
-    action: torch.Tensor
-    reward: torch.Tensor
-    next_obs: torch.Tensor
-    discount: torch.Tensor
-    weights: torch.Tensor
+    arrays: list[tuple[str, np.ndarray]]
+    """Named float32 arrays, as Learner.weights gives them: read them once `arrived()`."""
+    updates: int
+    """The learner's update count whose weights these are."""
+    ready: torch.cuda.Event | None
+
+    def arrived(self) -> bool:
+        return self.ready is None or bool(self.ready.query())  # type: ignore[no-untyped-call]
 
 
 @dataclass(frozen=True)
@@ -144,9 +157,18 @@ class Learner:
             )
         self.online: nn.Module = q_network.to(self.device)
         self.target: nn.Module = copy.deepcopy(self.online).requires_grad_(False)
+        on_device = self._updates_on_device(config, replay, gradients)
         # Fused Adam is one kernel for all parameters: on CUDA that removes
         # ~a dozen launches per step, which is most of a small network's step.
-        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=config.lr, fused=True)
+        # The device update's is capturable, its learning rate a device tensor
+        # that reconfigure changes in place under the captured graph.
+        self._lr = torch.tensor(config.lr, device=self.device) if on_device else None
+        self.optimizer = torch.optim.Adam(
+            self.online.parameters(),
+            lr=config.lr if self._lr is None else self._lr,
+            fused=True,
+            capturable=on_device,
+        )
         self._optimizer_flags = [
             {k: g[k] for k in ("foreach", "fused", "capturable") if k in g}
             for g in self.optimizer.param_groups
@@ -169,6 +191,57 @@ class Learner:
         self._loss_fn: Callable[[DeviceBatch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = (
             torch.compile(self._loss) if config.compile else self._loss
         )
+        self._captured: CapturedUpdate | None = None
+        self._unread = 0  # device updates whose statistics no readback has taken yet
+        if on_device:
+            assert isinstance(replay, ReplayStore)
+            self._captured = CapturedUpdate(
+                online=self.online,
+                target=self.target,
+                optimizer=self.optimizer,
+                replay=replay.mirror_on(self.device),
+                loss=self._loss_fn,
+                batch_size=config.batch_size,
+                block=config.sample_block,
+                grad_clip_norm=config.grad_clip_norm,
+                tau=1.0 if config.target_update == "hard" else config.polyak_tau,
+                beta0=config.beta0,
+                beta_anneal_updates=config.beta_anneal_updates,
+                seed=config.seed,
+            )
+            self._restart_target_schedule()
+
+    def _updates_on_device(
+        self, config: LearnerConfig, replay: Replay | None, gradients: GradientSync | None
+    ) -> bool:
+        """Whether this learner runs the device update (LearnerConfig.device_update)."""
+        if config.device_update == "off":
+            return False
+        fits = gradients is None and (replay is None or isinstance(replay, ReplayStore))
+        if config.device_update == "auto":
+            return self._cuda and fits and self._replay_fits_the_device(config, replay)
+        if not fits:
+            raise ValueError(
+                "device_update on needs one learner (no data-parallel ranks) over the replay "
+                "it builds or a PrioritizedReplay / FrameReplay; use device_update off"
+            )
+        return True
+
+    def _replay_fits_the_device(self, config: LearnerConfig, replay: Replay | None) -> bool:
+        """Whether the replay's device copy takes at most DEVICE_REPLAY_SHARE of the
+        device's free memory (the rest is for the networks, Adam and the graphs)."""
+        capacity, obs_shape = config.replay_capacity, self.obs_shape
+        if isinstance(replay, ReplayStore):
+            capacity, obs_shape = replay.capacity, replay.obs_shape
+        stack = obs_shape[0] if is_image(obs_shape) else None
+        needed = DeviceReplay.bytes_for(capacity, obs_shape, stack=stack)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return needed <= DEVICE_REPLAY_SHARE * free
+
+    @property
+    def on_device(self) -> bool:
+        """Whether updates run wholly on the device (replay mirrored there, one CUDA graph)."""
+        return self._captured is not None
 
     # -- experience ---------------------------------------------------------
 
@@ -225,6 +298,8 @@ class Learner:
                 f"replay holds {len(self.replay)} transitions; training starts at "
                 f"{self.config.learning_starts} (check ready() first)"
             )
+        if self._captured is not None:
+            return self._train_on_device(self._captured, num_updates)
         sums = torch.zeros(3, device=self.device)  # loss, q_mean, td_abs_mean
         pending: _PendingPriorities | None = None
         done = 0
@@ -251,6 +326,55 @@ class Learner:
             "updates": float(self.updates),
             "beta": self.beta(),
         }
+
+    def _train_on_device(self, captured: CapturedUpdate, num_updates: int) -> dict[str, float]:
+        """Queue the updates on the device; the statistics only when a readback has arrived.
+
+        The host keeps the target schedule's count as the device does, by
+        the same rule, so that state_dict and reconfigure see where it is.
+        """
+        captured.run(num_updates)
+        period = self.target_period()
+        for _ in range(num_updates):
+            self.updates += 1
+            if self.updates - self._target_updated_at >= period:
+                self._target_updated_at = self.updates
+        self._unread += num_updates
+        if self._unread >= self.config.stats_interval and captured.start_readback():
+            self._unread = 0
+        return self._statistics(captured.take_statistics())
+
+    def _statistics(self, read: tuple[float, float, float, int] | None) -> dict[str, float]:
+        if read is None:
+            return {}
+        loss, q_mean, td_mean, _ = read
+        if not (math.isfinite(loss) and math.isfinite(td_mean)):
+            raise FloatingPointError(
+                f"the DQN update diverged (non-finite loss or TD error by {self.updates} "
+                "updates); lower lr, or enable huber_delta / grad_clip_norm"
+            )
+        return {
+            "loss": loss,
+            "q_mean": q_mean,
+            "td_abs_mean": td_mean,
+            "updates": float(self.updates),
+            "beta": self.beta(),
+        }
+
+    def synchronize(self) -> dict[str, float]:
+        """Wait for every queued update; the statistics of those not yet reported.
+
+        For a clock that counts work done (benchmarks, `fedrl-client check`);
+        the host update never leaves work queued.
+        """
+        if self._captured is None:
+            return {}
+        self._captured.synchronize()
+        pending = self._captured.take_statistics(wait=True)
+        if self._unread and self._captured.start_readback():
+            self._unread = 0
+            pending = self._captured.take_statistics(wait=True)
+        return self._statistics(pending)
 
     def _step(self, batch: DeviceBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One gradient step, then the target update when it is due."""
@@ -289,13 +413,21 @@ class Learner:
         if not (math.isfinite(multiple) and multiple >= 1.0):
             raise ValueError(f"the data multiple must be finite and >= 1, got {multiple}")
         self._data_multiple = multiple
+        if self._captured is not None:
+            self._captured.set_target_period(self.target_period())
 
     def _loss(self, batch: DeviceBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Forward passes and dqn_loss: the part torch.compile may fuse."""
         double = self.config.double_dqn
         # bf16 matmuls, float32 loss: the TD error is a small difference of large
-        # values, which bf16's 8-bit mantissa would round away.
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._amp):
+        # values, which bf16's 8-bit mantissa would round away. A CUDA graph must
+        # not keep autocast's cache of cast weights: it would replay stale ones.
+        with torch.autocast(
+            self.device.type,
+            dtype=torch.bfloat16,
+            enabled=self._amp,
+            cache_enabled=self._captured is None,
+        ):
             q_online = self.online(batch.obs).float()
             with torch.no_grad():
                 q_online_next = self.online(batch.next_obs).float() if double else None
@@ -383,6 +515,20 @@ class Learner:
         """The online network as named float32 CPU arrays (for actors and federation)."""
         return named_arrays(self.online)
 
+    def weights_later(self) -> PendingWeights:
+        """The weights `weights()` would give, copied to the host behind the updates queued on
+        CUDA (into pinned memory, not waited for) rather than after waiting for them."""
+        if not self._cuda:
+            return PendingWeights(self.weights(), self.updates, None)
+        arrays = []
+        for name, param in self.online.named_parameters():
+            host = torch.empty(param.shape, dtype=torch.float32, pin_memory=True)
+            host.copy_(param.detach(), non_blocking=True)
+            arrays.append((name, host.numpy()))
+        ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        ready.record()
+        return PendingWeights(arrays, self.updates, ready)
+
     def set_weights(
         self, arrays: Sequence[tuple[str, np.ndarray]], *, target: TargetAtAdoption = "reset"
     ) -> None:
@@ -427,12 +573,17 @@ class Learner:
         refuse_fixed_changes(self.config, config, RECONFIGURABLE, algorithm="DQN")
         self.config = config
         self._restart_target_schedule()
+        if self._lr is not None:
+            self._lr.fill_(config.lr)  # read by the captured graph where it lies
+            return
         for group in self.optimizer.param_groups:
             group["lr"] = config.lr
 
     def reset_optimizer(self) -> None:
         """Forget Adam's moments and step counts, e.g. after copying another member's weights."""
         self.optimizer.state.clear()
+        if self._captured is not None:
+            self._captured.invalidate()  # the graphs hold the old state's tensors
 
     def state_dict(self) -> dict[str, Any]:
         """Online, target, optimizer and counters, all on CPU.
@@ -440,11 +591,15 @@ class Learner:
         Only tensors, numbers, strings and containers: loadable with
         ``torch.load(weights_only=True)`` on any machine, GPU or not.
         """
+        optimizer = to_cpu(self.optimizer.state_dict())
+        if self._lr is not None:  # the device update's is a tensor: saved as the number it holds
+            for group in optimizer["param_groups"]:
+                group["lr"] = self.config.lr
         return {
             "format": STATE_FORMAT,
             "online": to_cpu(self.online.state_dict()),
             "target": to_cpu(self.target.state_dict()),
-            "optimizer": to_cpu(self.optimizer.state_dict()),
+            "optimizer": optimizer,
             "updates": self.updates,
         }
 
@@ -476,6 +631,12 @@ class Learner:
         self.online.load_state_dict(state["online"])
         self.target.load_state_dict(state["target"])
         self.updates = int(state["updates"])
+        if self._lr is not None:
+            for group in self.optimizer.param_groups:
+                self._lr.fill_(float(group["lr"]))
+                group["lr"] = self._lr
+        if self._captured is not None:
+            self._captured.invalidate()  # Adam's state tensors are new ones
         self._restart_target_schedule()
 
     def _restart_target_schedule(self) -> None:
@@ -487,6 +648,12 @@ class Learner:
         """
         interval = self.config.target_update_interval
         self._target_updated_at = self.updates - self.updates % interval
+        if self._captured is not None:
+            self._captured.set_counters(
+                updates=self.updates,
+                since_target=self.updates - self._target_updated_at,
+                target_period=self.target_period(),
+            )
 
 
 def _check_fits(what: str, module: nn.Module, saved: dict[str, Any]) -> None:

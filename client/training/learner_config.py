@@ -101,16 +101,35 @@ class LearnerConfig:
     sample_block: int = field(
         default=4,
         metadata=doc(
-            "Updates drawn (and their priorities written back) together: fewer host syncs."
+            "Updates drawn (and their priorities written back) together: fewer host syncs. "
+            "The device update captures this many in one CUDA graph."
         ),
     )
     device: str = field(
         default="auto",
         metadata=doc('"auto" (CUDA when present, else CPU), "cpu", "cuda" or "cuda:N".'),
     )
+    device_update: Literal["auto", "on", "off"] = field(
+        default="auto",
+        metadata=doc(
+            "The update wholly on the device: replay mirrored there, prioritized sampling, "
+            "priorities and target update there, captured in one CUDA graph. auto: on CUDA "
+            "where the replay's copy fits; "
+            "on: also on the CPU, run eagerly; off: sample on the host everywhere."
+        ),
+    )
+    stats_interval: int = field(
+        default=256,
+        metadata=doc(
+            "Device update: updates between reading loss and TD statistics back to the host."
+        ),
+    )
     amp: bool = field(
-        default=True,
-        metadata=doc("bfloat16 autocast for the forward passes on CUDA; ignored on CPU."),
+        default=False,
+        metadata=doc(
+            "bfloat16 autocast for the forward passes on CUDA (slower for these small "
+            "networks: docs/gpu.md); ignored on CPU."
+        ),
     )
     compile: bool = field(default=False, metadata=doc("torch.compile the loss computation."))
     seed: int = field(default=0, metadata=doc("Seeds network initialisation and replay sampling."))
@@ -124,6 +143,7 @@ class LearnerConfig:
             "target_update_interval": self.target_update_interval,
             "replay_capacity": self.replay_capacity,
             "sample_block": self.sample_block,
+            "stats_interval": self.stats_interval,
         }
         for name, value in positive.items():
             if not value > 0:
@@ -145,6 +165,11 @@ class LearnerConfig:
         if self.learning_starts < 0:
             raise ValueError(
                 f"LearnerConfig.learning_starts must be >= 0, got {self.learning_starts}"
+            )
+        if self.device_update not in ("auto", "on", "off"):
+            raise ValueError(
+                'LearnerConfig.device_update must be "auto", "on" or "off", '
+                f"got {self.device_update!r}"
             )
         if self.target_update not in ("hard", "polyak"):
             raise ValueError(

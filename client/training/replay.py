@@ -6,7 +6,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+import torch
 
+from fedrl.client.training.device_replay import DeviceReplay
 from fedrl.client.training.transitions import LearnerTransitions
 
 
@@ -108,7 +110,8 @@ class ReplayStore:
     One constructor for the plain and the frame replay, which are
     interchangeable (fedrl.client.training.frame_replay.make_replay builds
     either with the same arguments); each kind checks what it can hold
-    (`_check`) and allocates what it stores its own way (`_allocate`).
+    (`_check`) and allocates what it stores its own way (`_allocate`). Either
+    can keep a copy of its transitions on the learner's device (`mirror_on`).
 
     Not thread-safe: one owner adds, samples and updates.
     """
@@ -138,6 +141,8 @@ class ReplayStore:
         # In p^alpha space: what a new transition gets.
         self._max_priority = 1.0
         self._size = 0
+        self.mirror: DeviceReplay | None = None
+        """The copy on the learner's device that every write also reaches (mirror_on)."""
         self._allocate()
 
     def _check(self, capacity: int, obs_shape: tuple[int, ...]) -> None:
@@ -151,6 +156,35 @@ class ReplayStore:
     def __len__(self) -> int:
         """Transitions that can be drawn."""
         return self._size
+
+    def mirror_on(self, device: torch.device) -> DeviceReplay:
+        """Keep a copy of every transition on `device` (a DeviceReplay, whose priorities the
+        device's update then owns), starting with those held now."""
+        if self.mirror is None or self.mirror.device != device:
+            stack, obs_dtype = self._mirror_layout()
+            mirror = DeviceReplay(
+                self._capacity,
+                self.obs_shape,
+                stack=stack,
+                obs_dtype=obs_dtype,
+                prioritized=self.prioritized,
+                alpha=self._alpha,
+                eps=self._eps,
+                device=device,
+            )
+            self._copy_to(mirror)
+            mirror.set_size(self._size)
+            self.mirror = mirror
+        return self.mirror
+
+    def _mirror_layout(self) -> tuple[int | None, torch.dtype]:
+        """How the device copy lays transitions out: the stack depth whose frames it keeps
+        once (None: whole rows), and the observations' dtype."""
+        raise NotImplementedError
+
+    def _copy_to(self, mirror: DeviceReplay) -> None:
+        """Write everything held now into a new mirror, priorities included."""
+        raise NotImplementedError
 
 
 class PrioritizedReplay(ReplayStore):
@@ -203,6 +237,28 @@ class PrioritizedReplay(ReplayStore):
             self._tree.set(slots, np.full(slots.shape[0], self._max_priority))
         self._next = int((self._next + count) % self._capacity)
         self._size = min(self._capacity, self._size + count)
+        if self.mirror is not None:
+            self.mirror.write_rows(
+                slots,
+                batch.obs[skip:],
+                batch.action[skip:],
+                batch.reward[skip:],
+                batch.next_obs[skip:],
+                batch.discount[skip:],
+            )
+            self.mirror.set_size(self._size)
+
+    def _mirror_layout(self) -> tuple[int | None, torch.dtype]:
+        return None, torch.float32
+
+    def _copy_to(self, mirror: DeviceReplay) -> None:
+        slots = np.arange(self._size)
+        if not slots.size:
+            return
+        columns = (self._obs, self._action, self._reward, self._next_obs, self._discount)
+        mirror.write_rows(slots, *(column[slots] for column in columns))
+        if self._tree is not None:
+            mirror.set_priorities(slots, self._tree.get(slots), self._max_priority)
 
     def sample(self, batch_size: int, beta: float) -> SampledBatch:
         """Draw batch_size transitions (with replacement) and their weights."""

@@ -28,7 +28,7 @@ from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.frame_actor import FrameActorCore, FrameActorSpec
 from fedrl.client.training.frame_segment import FrameSegment
 from fedrl.client.training.frame_slots import FrameLayout, FrameSlot, SlotLayout
-from fedrl.client.training.learner import Learner
+from fedrl.client.training.learner import Learner, PendingWeights
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.schedule import Schedule
 from fedrl.client.training.shm import RingLayout, SlotFill, TransitionSlot
@@ -69,6 +69,7 @@ class ReplaySchedule(Schedule[Learner]):
         self._steps_when_ready: int | None = None
         self._updates_when_ready = 0
         self._foreign_credit_when_ready = 0.0
+        self._weights_on_their_way: PendingWeights | None = None
 
     # -- the actors ----------------------------------------------------------------
 
@@ -156,9 +157,33 @@ class ReplaySchedule(Schedule[Learner]):
         elif owed <= 0:
             for actor, fill in self.pool.receive(timeout_s):
                 self.take_fill(actor, fill)
-        if self.learner.updates - self.published_at >= self.config.weights_interval:
-            self.publish()
+        self._publish_when_due()
         return metrics
+
+    def _publish_when_due(self) -> None:
+        """The learner's weights to the actors every weights_interval updates.
+
+        A learner whose updates run on the device copies its weights out
+        behind the updates it has queued, and they reach the actors at the
+        first round after they arrive: publishing never waits for the GPU.
+        """
+        due = self.learner.updates - self.published_at >= self.config.weights_interval
+        if due and self._weights_on_their_way is None:
+            if not self.learner.on_device:
+                self.publish()
+                return
+            self._weights_on_their_way = self.learner.weights_later()
+        pending = self._weights_on_their_way
+        if pending is not None and pending.arrived():
+            self._weights_on_their_way = None
+            self.pool.publish(pending.arrays, pending.updates)
+            self.published_at = pending.updates
+
+    def publish(self) -> None:
+        """Hand the learner's weights to the actors now; weights still on their way are
+        older, and are dropped."""
+        self._weights_on_their_way = None
+        super().publish()
 
     def _owed_updates(self, ready: bool) -> int:
         if not self.learns or not ready:
