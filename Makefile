@@ -11,8 +11,8 @@ PIP := $(BIN)/python -m pip install --constraint $(LOCK)
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # Every extra, so one lock serves `make install` and `make bench` alike.
-EXTRAS := dev,plot,export,atari,video,box2d,bench
-INSTALL_EXTRAS := dev,plot,export,atari,video
+EXTRAS := dev,plot,export,atari,video,games,box2d,bench
+INSTALL_EXTRAS := dev,plot,export,atari,video,games
 
 .PHONY: install lock browser test test-all proto proto-check lint fmt typecheck bench demo clean
 
