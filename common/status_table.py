@@ -101,6 +101,7 @@ def render_session(state: pb.SessionState) -> str:
         ],
         numeric={2, 3, 4, 5, 6, 7},
     )
+    rated = bool(state.ratings)
     versions = table(
         [
             "version",
@@ -109,6 +110,7 @@ def render_session(state: pb.SessionState) -> str:
             "stale",
             "mean ret",
             "eval ret",
+            *(["elo", "games"] if rated else []),
             "contributors",
             "checkpoint",
         ],
@@ -120,14 +122,37 @@ def render_session(state: pb.SessionState) -> str:
                 str(v.max_staleness),
                 _optional(v, "mean_return"),
                 _optional(v, "eval_return"),
+                *([_elo(v), str(v.rated_games)] if rated else []),
                 ", ".join(v.contributors) or "-",
                 v.checkpoint or "(pruned)",
             ]
             for v in state.versions
         ],
-        numeric={0, 1, 3, 4, 5},
+        numeric={0, 1, 3, 4, 5, 6, 7} if rated else {0, 1, 3, 4, 5},
     )
-    return "\n".join(summary) + "\n\n" + participants + "\n\n" + versions
+    parts = [*summary, "", participants, "", versions]
+    if rated:
+        parts += ["", "ratings (Elo; the uniform random player is 0)", render_ratings(state)]
+    return "\n".join(parts)
+
+
+def render_ratings(state: pb.SessionState) -> str:
+    """Two-player games: every rating a participant reported, as that participant gives it."""
+    return table(
+        ["participant", "player", "kind", "elo", "games", "reported"],
+        [
+            [
+                r.participant_id,
+                r.name,
+                r.kind,
+                f"{r.rating:.0f}",
+                str(r.games),
+                _time(r.reported_unix_ms),
+            ]
+            for r in state.ratings
+        ],
+        numeric={3, 4},
+    )
 
 
 def render_population(state: pb.SessionState) -> str:
@@ -188,6 +213,10 @@ def _optional(
     name: str,
 ) -> str:
     return f"{getattr(message, name):.2f}" if message.HasField(name) else "-"
+
+
+def _elo(version: pb.VersionState) -> str:
+    return f"{version.rating:.0f}" if version.HasField("rating") else "-"
 
 
 def _time(unix_ms: int) -> str:
