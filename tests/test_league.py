@@ -37,7 +37,9 @@ def test_elo_on_hand_computed_values() -> None:
 def test_games_move_the_learner_and_its_opponent_but_never_the_anchor() -> None:
     league = League(SelfPlayConfig(), seed=0)
     snapshot = league.add_snapshot(named_arrays(network()), updates=10)
-    league.record(np.array([RANDOM, snapshot, LATEST, NO_OPPONENT]), np.array([1.0, -1.0, 1.0, 9.0]))
+    league.record(
+        np.array([RANDOM, snapshot, LATEST, NO_OPPONENT]), np.array([1.0, -1.0, 1.0, 9.0])
+    )
     random = league.entries[RANDOM]
     assert random.rating == 0.0 and random.games == 1 and random.wins == 1
     learner, snap = league.learner, league.entries[snapshot]
@@ -98,9 +100,7 @@ def test_an_actors_memory_is_bounded_whatever_the_pools_size() -> None:
     board = WeightsBoard(board_layout(weights, slots))
     spec = OpponentsSpec(board_name=board.name, board_layout=board.layout, epsilon=0.1)
     env = TwoPlayerVectorEnv("pettingzoo/tictactoe_v3", envs)
-    pool = OpponentPool(
-        spec, RULES, latest=network(), make_net=lambda: network(), playing=env.playing
-    )
+    pool = OpponentPool(spec, RULES, latest=network(), make_net=network, playing=env.playing)
     env.opponents = pool
     try:
         obs, _ = env.reset(seed=0)

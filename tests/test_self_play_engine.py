@@ -1,4 +1,4 @@
-"""Self-play in the training engine: the league fills, games are rated, ratings survive a restart."""
+"""Self-play in the engine: the league fills, games are rated, ratings survive a restart."""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,6 +12,8 @@ import grpc
 import pytest
 
 from fedrl.client.federation.backoff import BackoffPolicy
+from fedrl.client.federation.experience_client import ExperienceClient
+from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.federation.league_sync import spread
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.sync_loop import SyncLoop
@@ -21,7 +24,8 @@ from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.client.training.self_play_config import SelfPlayConfig
 from fedrl.proto.v1 import federation_pb2 as pb
-from tests.support.server_harness import InProcessServer, server_config
+from tests.support.experience import Server as ExperienceServer
+from tests.support.server_harness import InProcessServer, join, server_config
 
 pytest.importorskip("pettingzoo")
 
@@ -48,6 +52,7 @@ def player(address: str, state_dir: Path, pid: str) -> Iterator[tuple[TrainingEn
         channel_factory=lambda: grpc.aio.insecure_channel(address),
         share="both",
         plan=SyncPlan.asynchronous(sync_interval=3),
+        exchange=ExchangeConfig(push_transitions=200, pull_transitions=2000),
         evaluate_global=False,
         backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),
     )
@@ -70,7 +75,10 @@ def test_spread_keeps_the_newest_and_spaces_the_rest() -> None:
 def test_versions_join_the_league_and_ratings_reach_the_session(tmp_path: Path) -> None:
     with InProcessServer(server_config(tmp_path / "server", keep_last=50)) as server:
         with player(server.address, tmp_path / "ann", "ann") as (ann, ann_loop):
-            while server.stub().GetVersion(pb.GetVersionRequest(session="default")).current_version < 4:
+            while (
+                server.stub().GetVersion(pb.GetVersionRequest(session="default")).current_version
+                < 4
+            ):
                 ann_loop.after_poll(ann.poll())
             assert ann.self_play is not None
             adopted = ann.self_play.league.versions()
@@ -93,3 +101,28 @@ def test_versions_join_the_league_and_ratings_reach_the_session(tmp_path: Path) 
     assert raters == {"ann", "Боб"}
     assert any(r.kind == "latest" for r in state.ratings)
     assert any(v.HasField("rating") for v in state.versions)
+
+
+def test_shared_experience_records_each_transitions_opponent(tmp_path: Path) -> None:
+    with ExperienceServer(tmp_path / "server") as server:
+        with player(server.address, tmp_path / "ann", "ann") as (ann, ann_loop):
+            while ann.counters.episodes < 40:
+                ann_loop.after_poll(ann.poll())
+            ann_loop.finish(flush_timeout_s=20)
+            spec = model_spec(GAME, ann.weights(), architecture_name(LEARNER.hidden, True))
+        assert ann.self_play is not None
+        names = {entry.name for entry in ann.self_play.league.entries.values()}
+        stub, _ = server.stubs()
+        join(stub, "eve", spec)
+
+        async def pull() -> list[tuple[pb.ExperienceHeader, object]]:
+            async with grpc.aio.insecure_channel(server.address) as opened:
+                client = ExperienceClient(opened, participant_id="eve", session="default")
+                return list((await client.pull(0, 10_000)).batches)
+
+        batches = asyncio.run(pull())
+    assert batches
+    for header, batch in batches:
+        assert header.opponents and set(header.opponents) <= names
+        assert batch.opponent is not None  # type: ignore[attr-defined]
+        assert len(batch.opponent) == header.transitions  # type: ignore[attr-defined]

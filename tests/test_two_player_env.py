@@ -1,4 +1,4 @@
-"""Two-player games as single-agent envs: rules, the fixed players, and the adapter over PettingZoo."""
+"""Two-player games as single-agent envs: rules, fixed players, the adapter over PettingZoo."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from fedrl.envs.two_player import (
     make_game,
 )
 
-pytest.importorskip("pettingzoo")
+pettingzoo = pytest.importorskip("pettingzoo")
 
 CONNECT_FOUR = "pettingzoo/connect_four_v3"
 TICTACTOE = "pettingzoo/tictactoe_v3"
@@ -85,7 +85,9 @@ def test_the_learner_sees_the_board_from_its_side_and_its_outcome_is_pettingzoos
     rng = np.random.default_rng(0)
     outcomes: list[float] = []
     for _ in range(40):
-        obs, reward, terminated, truncated, info = env.step(random_legal(legal_or_reset(obs, 9), rng))
+        obs, reward, terminated, truncated, info = env.step(
+            random_legal(legal_or_reset(obs, 9), rng)
+        )
         assert not truncated.any()
         outcomes += reward[terminated].tolist()
         assert set(reward[~terminated].tolist()) <= {0.0}
@@ -156,8 +158,6 @@ def test_every_move_of_either_player_is_legal_in_pettingzoos_own_env(seed: int, 
         moves += [int(action[0]), *recorded]
         if terminated[0]:
             break
-    import pettingzoo
-
     wrapped = pettingzoo.make("aec", f"classic/{rules.name}")
     wrapped.reset()
     agents = list(wrapped.possible_agents)

@@ -197,6 +197,9 @@ class SyncLoop:
                 cursor=CursorFile(state_dir / EXPERIENCE_CURSOR_FILE),
                 pull=engine.learns,
                 bounds=ObservationBounds.of(spec.observation_space),
+                opponent_name=(
+                    None if engine.self_play is None else engine.self_play.league.name_of
+                ),
             )
             engine.on_batch(self._experience.record)
         self._link: ServerLink | None = None

@@ -201,6 +201,7 @@ class ActorCore(WeightsFollower[nn.Module]):
                 next_obs=next_obs,
                 terminated=np.asarray(terminated, dtype=np.bool_),
                 truncated=np.asarray(truncated, dtype=np.bool_),
+                opponent=info.get("opponent"),
             )
             batches.append(batch)
             returns.append(stats.episode_returns)

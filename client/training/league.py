@@ -117,6 +117,10 @@ class League:
             return None
         return self._add("version", f"version {version}", weights, version=version)
 
+    def name_of(self, entry_id: int) -> str:
+        """The name of an entry (what experience batches record as an opponent)."""
+        return self.entries[entry_id].name
+
     def versions(self) -> list[int]:
         """The global versions in the league (with weights or not)."""
         return sorted(e.version for e in self.entries.values() if e.kind == "version")

@@ -80,6 +80,7 @@ class RingLayout:
             ("action", (r,), np.dtype(np.int64)),
             ("reward", (r,), np.dtype(np.float32)),
             ("discount", (r,), np.dtype(np.float32)),
+            ("opponent", (r,), np.dtype(np.int64)),
             ("episode_return", (e,), np.dtype(np.float64)),
             ("episode_length", (e,), np.dtype(np.int64)),
             ("episode_opponent", (e,), np.dtype(np.int64)),
@@ -132,6 +133,7 @@ class TransitionSlot:
         a["action"][:rows] = batch.action
         a["reward"][:rows] = batch.reward
         a["discount"][:rows] = batch.discount
+        a["opponent"][:rows] = NO_OPPONENT if batch.opponent is None else batch.opponent
         a["episode_return"][:episodes] = episode_returns
         a["episode_length"][:episodes] = episode_lengths
         _write_opponents(a, episodes, opponents)
@@ -155,6 +157,7 @@ class TransitionSlot:
             reward=a["reward"][:n].copy(),
             next_obs=a["next_obs"][:n].copy(),
             discount=a["discount"][:n].copy(),
+            opponent=_opponents_of(a["opponent"][:n]),
         )
         returns = np.asarray(a["episode_return"][: fill.episodes], dtype=np.float64).copy()
         lengths = np.asarray(a["episode_length"][: fill.episodes], dtype=np.int64).copy()
@@ -281,6 +284,12 @@ class RolloutSlot:
         returns = np.asarray(a["episode_return"][: fill.episodes], dtype=np.float64).copy()
         lengths = np.asarray(a["episode_length"][: fill.episodes], dtype=np.int64).copy()
         return rollout, returns, lengths
+
+
+def _opponents_of(column: npt.NDArray[np.int64]) -> npt.NDArray[np.int64] | None:
+    """A slot's per-row opponents as LearnerTransitions holds them: None where no row has one
+    (every env but a two-player game)."""
+    return column.copy() if len(column) and column.max() != NO_OPPONENT else None
 
 
 def _write_opponents(
