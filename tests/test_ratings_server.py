@@ -29,9 +29,7 @@ from tests.support.server_harness import (
 SPEC = make_spec([(4,)], env_id="pettingzoo/tictactoe_v3")
 
 
-def report(
-    stub: pb_grpc.FederationStub, pid: str, *ratings: pb.PlayerRating
-) -> pb.RatingsReply:
+def report(stub: pb_grpc.FederationStub, pid: str, *ratings: pb.PlayerRating) -> pb.RatingsReply:
     return stub.ReportRatings(  # type: ignore[no-any-return]
         pb.RatingsReport(session="default", participant_id=pid, ratings=list(ratings)),
         metadata=metadata(pid),
@@ -39,7 +37,9 @@ def report(
 
 
 def version(v: int, rating: float, games: int) -> pb.PlayerRating:
-    return pb.PlayerRating(kind="version", name=f"version {v}", version=v, rating=rating, games=games)
+    return pb.PlayerRating(
+        kind="version", name=f"version {v}", version=v, rating=rating, games=games
+    )
 
 
 def player(kind: str, name: str, rating: float, games: int = 1) -> pb.PlayerRating:
