@@ -220,6 +220,10 @@ class TwoPlayerVectorEnv(VectorEnv[ObsArray, npt.NDArray[np.int64], npt.NDArray[
             game.close()
         super().close(**kwargs)
 
+    def seats(self) -> npt.NDArray[np.int64]:
+        """The learner's seat in each env's game (0: it moves first)."""
+        return self._seat.copy()
+
     def playing(self) -> npt.NDArray[np.int64]:
         """The opponent id of each env's game under way (or just ended)."""
         return self._opponent.copy()
