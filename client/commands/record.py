@@ -253,7 +253,7 @@ def _play(
 
         seat = _seat_caption(env)
 
-        def show(score: float, episode: int = episode) -> None:
+        def show(score: float, episode: int = episode, seat: str = seat) -> None:
             caption = f"score {score:g}   episode {episode}/{config.episodes}{seat}"
             video.add(with_caption(scale(_screen(env), MIN_HEIGHT), caption))
 
