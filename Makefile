@@ -11,10 +11,14 @@ PIP := $(BIN)/python -m pip install --constraint $(LOCK)
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # Every extra, so one lock serves `make install` and `make bench` alike.
-EXTRAS := dev,plot,export,atari,video,games,box2d,bench
-INSTALL_EXTRAS := dev,plot,export,atari,video,games
+EXTRAS := dev,plot,export,atari,video,games,trading,box2d,bench
+INSTALL_EXTRAS := dev,plot,export,atari,video,games,trading
 
-.PHONY: install lock browser test test-all proto proto-check lint fmt typecheck bench demo clean
+# The benchmarks run with -m (and type-checked); every other bench/*.py is a script.
+BENCH_MODULES := bench.federation bench.federation_sim
+BENCH_SCRIPTS := $(filter-out bench/__init__.py bench/federation_sim.py,$(wildcard bench/*.py))
+
+.PHONY: install lock browser postgres test test-all proto proto-check lint fmt typecheck bench demo clean
 
 install: $(STAMP)
 
@@ -39,27 +43,41 @@ lock: install
 		$(if $(UPGRADE),--upgrade) --output-file $(LOCK) pyproject.toml
 	sed -i -E -e 's/^(torch==[0-9.]+)\+[a-z0-9]+$$/\1/' -e '/^fedrl @ /d' $(LOCK)
 
+# $(call apt_packages,PACKAGES,PRESENT,WHO): nothing when the shell test PRESENT
+# passes; otherwise Debian's PACKAGES, installed where this runs as root with
+# apt-get (updating the package lists once if the install fails); elsewhere a
+# note that WHO will skip, and says why.
+APT_GET := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
+define apt_packages
+	@if $(2); then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing $(1) for $(3)"; \
+		$(APT_GET) $(1) >/dev/null || { apt-get update -qq && $(APT_GET) $(1) >/dev/null; } \
+		|| echo "note: apt-get could not install $(1): $(3) will skip"; \
+	else \
+		echo "note: no $(1), and installing them needs root and apt-get: $(3) will skip"; \
+	fi
+endef
+
 # The dashboard's browser test drives Debian's headless Chromium through its
 # chromedriver (tests/test_dashboard_browser.py); a CJK font lets its
-# screenshot show ids such as 李雷. Installed where this runs as root with
-# apt-get; elsewhere the test skips and says why.
+# screenshot show ids such as 李雷.
 BROWSER_PACKAGES := chromium chromium-driver fonts-wqy-microhei
-APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BROWSER_PACKAGES)
 browser:
-	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "installing $(BROWSER_PACKAGES) for the dashboard's browser test"; \
-		$(APT_INSTALL) >/dev/null || { apt-get update -qq && $(APT_INSTALL) >/dev/null; } \
-		|| echo "note: apt-get could not install them: the dashboard's browser test will skip"; \
-	else \
-		echo "note: no chromium and chromedriver, and installing them needs root and apt-get:"; \
-		echo "      the dashboard's browser test will skip"; \
-	fi
+	$(call apt_packages,$(BROWSER_PACKAGES),command -v chromium >/dev/null && command -v chromedriver >/dev/null,the dashboard's browser test)
 
-test: install browser
+# The trading env's PostgreSQL tests start a throwaway server of their own
+# (tests/support/postgres.py: initdb into a temp dir, pg_ctl on a free port), from
+# Debian's postgresql package, whose programs live in /usr/lib/postgresql/*/bin.
+# Installing the package may set up a system cluster: the tests never use it.
+POSTGRES_PACKAGES := postgresql
+postgres:
+	$(call apt_packages,$(POSTGRES_PACKAGES),ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null,the trading env's PostgreSQL tests)
+
+test: install browser postgres
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-test-all: install browser
+test-all: install browser postgres
 	$(BIN)/python -m pytest -m '' $(PYTEST_ARGS)
 
 proto: install
@@ -83,14 +101,20 @@ typecheck: install
 	rm -rf $(TYPECHECK_DIR) && mkdir -p $(TYPECHECK_DIR)/fedrl
 	for d in server client common envs; do ln -s ../../../$$d $(TYPECHECK_DIR)/fedrl/$$d; done
 	ln -s ../../../proto/fedrl $(TYPECHECK_DIR)/fedrl/proto
+	ln -s ../../bench $(TYPECHECK_DIR)/bench
 	cd $(TYPECHECK_DIR) && ../../$(BIN)/mypy --config-file ../../pyproject.toml \
-		-p fedrl.common -p fedrl.server -p fedrl.client -p fedrl.envs
+		-p fedrl.common -p fedrl.server -p fedrl.client -p fedrl.envs \
+		$(foreach m,$(BENCH_MODULES),-p $(m))
 
 # Each benchmark's short mode; run one with no flag for the full figures.
-# The baselines (Stable-Baselines3) come from the bench extra.
+# The baselines (Stable-Baselines3) come from the bench extra. The federation
+# benchmarks are modules of the bench package, run from the repository root
+# with -m; the others are scripts.
 bench: install
 	$(PIP) --no-build-isolation -e '.[bench]'
-	@for b in bench/*.py; do echo "== $$b --quick"; $(BIN)/python $$b --quick || exit 1; done
+	@for b in $(BENCH_SCRIPTS); do echo "== $$b --quick"; $(BIN)/python $$b --quick || exit 1; done
+	@for m in $(BENCH_MODULES); do echo "== python -m $$m --quick"; \
+		$(BIN)/python -m $$m --quick || exit 1; done
 
 # The main job: a server on localhost and two participants training
 # CartPole-v1 together until a modest goal; ends with the status table.

@@ -84,6 +84,7 @@ def render_session(state: pb.SessionState) -> str:
             "repeats",
             "best eval",
             "last seen",
+            "data",
         ],
         [
             [
@@ -96,6 +97,7 @@ def render_session(state: pb.SessionState) -> str:
                 str(p.updates_duplicate),
                 _optional(p, "best_eval_return"),
                 _time(p.last_seen_unix_ms),
+                f"SYNTHETIC: {p.data_source}" if p.synthetic_data else p.data_source,
             ]
             for p in state.participants
         ],

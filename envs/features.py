@@ -4,6 +4,10 @@ Row t uses bars 0..t and nothing later: rolling statistics come from running sum
 from recursive filters, and every normalisation is trailing (a z-score over the whole file
 would leak the future's mean into the past). Every feature is scale-free, so one network
 reads any asset at any price level, and clipped to +-FEATURE_CLIP.
+
+Indicator columns (RSI, moving averages, anything the data holds) follow the base features,
+one each: a missing value takes the last known one (never a later one), and each becomes a
+trailing z-score over INDICATOR_WINDOW bars, since their scales are unknown in advance.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from fedrl.envs.market_data import Bars
+from fedrl.envs.bars import Bars
 
 FEATURE_NAMES = (
     "log_return",  # this bar's log return over its trailing volatility
@@ -28,6 +32,8 @@ _RSI_PERIOD = 14
 _MACD_FAST, _MACD_SLOW, _MACD_SIGNAL = 12, 26, 9
 _SHORT_VOL_WINDOW = 20
 _VOLUME_WINDOW = 20
+INDICATOR_WINDOW = 256
+"""Bars of an indicator's trailing z-score: the long volatility's window, for the same reason."""
 # Long enough for a stable scale, short enough to follow regime changes.
 _LONG_VOL_WINDOW = 256
 # Rows before this have incomplete windows (the long volatility, plus three slow-EMA spans for
@@ -40,8 +46,14 @@ _TINY_STD = 1e-6
 FloatArray = npt.NDArray[np.float64]
 
 
+def feature_names(indicators: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The columns of compute_features: the base features, then one per indicator."""
+    return FEATURE_NAMES + tuple(f"indicator:{name}" for name in indicators)
+
+
 def compute_features(bars: Bars) -> npt.NDArray[np.float32]:
-    """(len(bars), len(FEATURE_NAMES)) float32, read-only; rows before WARMUP are zero."""
+    """(len(bars), len(feature_names(indicators))) float32, read-only; rows before WARMUP
+    are zero."""
     close = bars.close
     log_return = np.zeros(len(close))
     log_return[1:] = np.diff(np.log(close))
@@ -75,6 +87,7 @@ def compute_features(bars: Bars) -> npt.NDArray[np.float32]:
             macd / price_vol,
             (macd - signal) / price_vol,
             volume_z,
+            *(_indicator_feature(column) for column in bars.indicators.values()),
         ],
         axis=1,
     )
@@ -82,6 +95,21 @@ def compute_features(bars: Bars) -> npt.NDArray[np.float32]:
     out: npt.NDArray[np.float32] = np.clip(features, -FEATURE_CLIP, FEATURE_CLIP).astype(np.float32)
     out.setflags(write=False)
     return out
+
+
+def _indicator_feature(values: FloatArray) -> FloatArray:
+    """Trailing z-score of an indicator whose missing values take the last known one; 0 until
+    the first known value."""
+    known = ~np.isnan(values)
+    if not known.any():
+        return np.zeros(len(values))
+    last = np.maximum.accumulate(np.where(known, np.arange(len(values)), -1))
+    filled = np.where(last >= 0, values[np.maximum(last, 0)], 0.0)
+    centred = filled - filled[np.argmax(known)]
+    mean = _trailing_mean(centred, INDICATOR_WINDOW)
+    var = np.maximum(_trailing_mean(centred**2, INDICATOR_WINDOW) - mean**2, 0.0)
+    z = (centred - mean) / np.maximum(np.sqrt(var), _TINY_STD)
+    return np.where(last >= 0, z, 0.0)
 
 
 def _trailing_mean(values: FloatArray, window: int) -> FloatArray:

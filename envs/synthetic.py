@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedrl.envs.market_data import Bars
+from fedrl.envs.bars import Bars
 
 # Hourly bars starting 2020-01-01 UTC: the timestamps give backtests a real bars-per-year.
 _START_NS = 1_577_836_800 * 1_000_000_000

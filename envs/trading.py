@@ -18,16 +18,16 @@ import functools
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, SupportsInt
 
 import gymnasium as gym
 import numpy as np
 import numpy.typing as npt
 
-from fedrl.envs.features import FEATURE_CLIP, FEATURE_NAMES, WARMUP, compute_features
-from fedrl.envs.market_data import Bars, load_csv
-from fedrl.envs.synthetic import synthetic_bars
+from fedrl.envs.bars import MarketData
+from fedrl.envs.features import FEATURE_CLIP, WARMUP, compute_features, feature_names
+from fedrl.envs.market_source import MarketSource, load_market_data
+from fedrl.envs.postgres_bars import is_postgres_url
 from fedrl.envs.trading_config import Split, TradingConfig
 
 logger = logging.getLogger(__name__)
@@ -46,85 +46,140 @@ ObsArray = npt.NDArray[np.float32]
 
 @dataclass(frozen=True, eq=False)
 class Market:
-    """Bars with their features, and the bar indices where each split's episodes may be."""
+    """Every symbol's bars and features, one symbol after another in shared arrays, and where
+    each split's episodes may be in each symbol."""
 
-    bars: Bars
+    data: MarketData
+    close: FloatArray
+    """Closes of every symbol, symbol after symbol; a bar index points into it."""
+    time_ns: IntArray
     features: npt.NDArray[np.float32]
+    offsets: IntArray
+    """First bar of each symbol."""
+    split_at: IntArray
+    """First bar of each symbol's evaluation split (its latest bars); training observes and
+    trades only before it."""
     first_usable: int
-    """First bar whose observation window lies entirely past the feature warm-up."""
-    split_at: int
-    """First bar of the evaluation split; training observes and trades only before it."""
+    """Bars into each symbol before the first whose observation window lies past the
+    feature warm-up."""
 
-    def span(self, split: Split) -> tuple[int, int]:
-        """(first, last) bar an observation of `split` may be at.
+    @property
+    def source(self) -> str:
+        return self.data.source
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        return self.data.symbols
+
+    def span(self, split: Split, symbol: int) -> tuple[int, int]:
+        """(first, last) bar an observation of `split` may be at, in symbol number `symbol`.
 
         An evaluation window may reach back across the split: those bars are its past, as
         they would be for a live trader, and no training observation ever reaches forward.
         """
+        first = int(self.offsets[symbol]) + self.first_usable
+        end = int(self.offsets[symbol]) + len(self.data.series[symbol])
         if split == "train":
-            return self.first_usable, self.split_at - 1
-        return max(self.first_usable, self.split_at), len(self.bars) - 1
+            return first, int(self.split_at[symbol]) - 1
+        return max(first, int(self.split_at[symbol])), end - 1
 
 
 def load_market(config: TradingConfig) -> Market:
     """The market `config` trades on; raises MarketDataError or ValueError if unusable."""
-    bars, features = _bars_and_features(*_data_key(config))
-    n = len(bars)
-    split_at = n - round(n * config.eval_fraction)
+    data, features = _bars_and_features(*_data_key(config))
+    lengths = np.array([len(bars) for bars in data.series], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    held_out = np.round(lengths * config.eval_fraction).astype(np.int64)
     return Market(
-        bars=bars,
+        data=data,
+        close=np.concatenate([bars.close for bars in data.series]),
+        time_ns=np.concatenate([bars.time_ns for bars in data.series]),
         features=features,
+        offsets=offsets,
+        split_at=offsets + lengths - held_out,
         first_usable=WARMUP + config.window - 1,
-        split_at=split_at,
     )
 
 
-def _data_key(config: TradingConfig) -> tuple[str | None, int, int, int, int]:
-    """A cache key that changes when the file does, so an edited CSV is read again."""
-    if config.data is None:
-        return None, 0, 0, config.seed, config.synthetic_bars
+_DataKey = tuple[str | None, int, int, MarketSource, int, int]
+
+
+def _data_key(config: TradingConfig) -> _DataKey:
+    """A cache key that changes when a file does, so an edited CSV is read again."""
+    synthetic = (config.seed, config.synthetic_bars)
+    if config.data is None or is_postgres_url(config.data):
+        return config.data, 0, 0, config.source, *synthetic
     path = os.path.abspath(config.data)
     try:
         stat = os.stat(path)
     except OSError:
-        # load_csv reports the missing or unreadable file with its name.
-        return path, 0, 0, 0, 0
-    return path, stat.st_mtime_ns, stat.st_size, 0, 0
+        # The reader reports the missing or unreadable file with its name.
+        return path, 0, 0, config.source, *synthetic
+    return path, stat.st_mtime_ns, stat.st_size, config.source, *synthetic
 
 
 # Envs of one process share one read-only copy: a 1M-bar file is read and featurised once.
 @functools.lru_cache(maxsize=4)
 def _bars_and_features(
-    path: str | None, _mtime_ns: int, _size: int, seed: int, synthetic_count: int
-) -> tuple[Bars, npt.NDArray[np.float32]]:
-    if path is None:
-        bars = synthetic_bars(synthetic_count, seed)
-        logger.warning(
-            "no --data given: trading on SYNTHETIC data (%s), not real prices", bars.source
+    data: str | None,
+    _mtime_ns: int,
+    _size: int,
+    source: MarketSource,
+    seed: int,
+    synthetic_count: int,
+) -> tuple[MarketData, npt.NDArray[np.float32]]:
+    market = load_market_data(data, source, seed=seed, synthetic_count=synthetic_count)
+    if not market.synthetic:
+        logger.info(
+            "trading on %d bars of %d symbol(s) from %s",
+            market.bar_count,
+            len(market.series),
+            market.source,
         )
-    else:
-        bars = load_csv(Path(path))
-        logger.info("trading on %d bars from %s", len(bars), path)
-    return bars, compute_features(bars)
+    features = np.concatenate([compute_features(bars) for bars in market.series])
+    features.setflags(write=False)
+    return market, features
 
 
-def episode_starts(market: Market, config: TradingConfig) -> tuple[int, int, int]:
-    """(lowest start, highest start, last bar) of `config`'s episodes, or a ValueError saying
-    which knob to change."""
-    first, last = market.span(config.split)
-    usable = last - first + 1
+@dataclass(frozen=True)
+class Starts:
+    """Where `config`'s episodes may start and must end, per symbol."""
+
+    lowest: IntArray
+    highest: IntArray
+    last: IntArray
+
+    def draw(self, rng: np.random.Generator, symbol: int | None = None) -> tuple[int, int]:
+        """(symbol, first bar) of an episode: the symbol uniform (unless given), then the
+        start uniform over its allowed ones. One symbol draws exactly what the single env
+        always drew, so single and vector envs keep matching trajectories."""
+        if symbol is None:
+            symbol = 0 if len(self.lowest) == 1 else int(rng.integers(len(self.lowest)))
+        return symbol, draw_start(rng, int(self.lowest[symbol]), int(self.highest[symbol]))
+
+
+def episode_starts(market: Market, config: TradingConfig) -> Starts:
+    """Each symbol's (lowest start, highest start, last bar) for `config`'s episodes, or a
+    ValueError saying which symbol is too short and which knob to change."""
     length = config.episode_length
     needed = 2 if length is None else length + 1
-    if usable < needed:
-        raise ValueError(
-            f"the {config.split} split of {market.bars.source} has {max(usable, 0)} usable bars "
-            f"(of {len(market.bars)}; {WARMUP} warm-up bars for the features and "
-            f"window={config.window} come first, eval_fraction={config.eval_fraction} "
-            f"is held out), but an episode needs {needed}: lower episode_length or window, "
-            "change eval_fraction, or give more data"
-        )
-    highest = first if length is None else last - length
-    return first, highest, last
+    lowest, highest, last = [], [], []
+    for k, bars in enumerate(market.data.series):
+        first, end = market.span(config.split, k)
+        usable = end - first + 1
+        if usable < needed:
+            raise ValueError(
+                f"the {config.split} split of {bars.label} has {max(usable, 0)} usable bars "
+                f"(of {len(bars)}; {WARMUP} warm-up bars for the features and "
+                f"window={config.window} come first, eval_fraction={config.eval_fraction} "
+                f"is held out), but an episode needs {needed}: lower episode_length or window, "
+                "change eval_fraction, leave the symbol out, or give more data"
+            )
+        lowest.append(first)
+        highest.append(first if length is None else end - length)
+        last.append(end)
+    as_array = functools.partial(np.array, dtype=np.int64)
+    return Starts(lowest=as_array(lowest), highest=as_array(highest), last=as_array(last))
 
 
 def target_positions(allow_short: bool) -> npt.NDArray[np.int8]:
@@ -132,9 +187,10 @@ def target_positions(allow_short: bool) -> npt.NDArray[np.int8]:
     return np.array([-1, 0, 1] if allow_short else [0, 1], dtype=np.int8)
 
 
-def observation_space(window: int) -> gym.spaces.Box:
-    """Flat window of features, oldest bar first, then position and unrealised return."""
-    size = window * len(FEATURE_NAMES)
+def observation_space(window: int, indicators: tuple[str, ...] = ()) -> gym.spaces.Box:
+    """Flat window of features, oldest bar first, then position and unrealised return. It
+    depends on the indicator columns, never on the symbols: one network trades any of them."""
+    size = window * len(feature_names(indicators))
     low = np.concatenate([np.full(size, -FEATURE_CLIP), [-1.0, -_UNREALISED_CLIP]])
     high = np.concatenate([np.full(size, FEATURE_CLIP), [1.0, _UNREALISED_CLIP]])
     return gym.spaces.Box(low.astype(np.float32), high.astype(np.float32), dtype=np.float32)
@@ -217,7 +273,11 @@ def draw_start(rng: np.random.Generator, lowest: int, highest: int) -> int:
 
 
 class TradingEnv(gym.Env[npt.NDArray[Any], np.int64]):
-    """One account trading one market; `gymnasium.make("fedrl/Trading-v0", data=..., ...)`."""
+    """One account trading one market; `gymnasium.make("fedrl/Trading-v0", data=..., ...)`.
+
+    With many symbols each episode trades one, drawn at reset; `reset(options={"symbol":
+    "AAPL"})` picks it instead.
+    """
 
     metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (Gymnasium's convention)
 
@@ -228,26 +288,34 @@ class TradingEnv(gym.Env[npt.NDArray[Any], np.int64]):
             raise ValueError(f"{ENV_ID} has no render modes, got render_mode={render_mode!r}")
         self.config = TradingConfig.from_kwargs(config, **options)
         self.market = load_market(self.config)
-        self._lowest, self._highest, self._last = episode_starts(self.market, self.config)
+        self._starts = episode_starts(self.market, self.config)
         self._targets = target_positions(self.config.allow_short)
         self.n_actions = len(self._targets)
         self.action_space = gym.spaces.Discrete(self.n_actions)
-        space = observation_space(self.config.window)
+        space = observation_space(self.config.window, self.market.data.indicator_names)
         self.obs_shape: tuple[int, ...] = space.shape
         self.observation_space = space
         self._book = Book(
             n=1,
-            close=self.market.bars.close,
+            close=self.market.close,
             fee_bps=self.config.fee_bps,
             slippage_bps=self.config.slippage_bps,
         )
+        self._symbol = 0
         self._started = False
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[ObsArray, dict[str, Any]]:
         super().reset(seed=seed)
-        self._book.open(slice(None), draw_start(self.np_random, self._lowest, self._highest))
+        asked = (options or {}).get("symbol")
+        if asked is not None and asked not in self.market.symbols:
+            raise ValueError(
+                f"symbol {asked!r} is not in this market: {', '.join(self.market.symbols)}"
+            )
+        chosen = None if asked is None else self.market.symbols.index(asked)
+        self._symbol, start = self._starts.draw(self.np_random, chosen)
+        self._book.open(slice(None), start)
         self._started = True
         return observe(self.market, self._book, self.config.window)[0], self._info()
 
@@ -262,7 +330,7 @@ class TradingEnv(gym.Env[npt.NDArray[Any], np.int64]):
         rewards, ruined = self._book.step(self._targets[[int(action)]])
         terminated = bool(ruined[0])
         truncated = not terminated and (
-            int(self._book.bar[0]) >= self._last
+            int(self._book.bar[0]) >= int(self._starts.last[self._symbol])
             or (
                 self.config.episode_length is not None
                 and int(self._book.steps[0]) >= self.config.episode_length
@@ -277,7 +345,8 @@ class TradingEnv(gym.Env[npt.NDArray[Any], np.int64]):
         bar = int(self._book.bar[0])
         return {
             "bar": bar,
-            "time_ns": int(self.market.bars.time_ns[bar]),
+            "symbol": self.market.symbols[self._symbol],
+            "time_ns": int(self.market.time_ns[bar]),
             "equity": float(self._book.equity()[0]),
             "position": int(self._book.position[0]),
         }

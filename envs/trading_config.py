@@ -7,7 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fedrl.common.config_cli import doc
+from fedrl.common.config_cli import doc, section
+from fedrl.envs.market_source import MarketSource
 
 Split = Literal["train", "eval"]
 
@@ -19,10 +20,14 @@ class TradingConfig:
     data: str | None = field(
         default=None,
         metadata=doc(
-            "OHLCV CSV file (plain or gzip); without one, a seeded synthetic market.",
-            path="file",
-            exists=True,
+            "OHLCV bars: a CSV (plain or gzip), Parquet or Arrow file, or a PostgreSQL URL "
+            "(postgresql://user@host/db; the password from PGPASSWORD, ~/.pgpass or a service "
+            "file); without one, a seeded synthetic market."
         ),
+    )
+    source: MarketSource = field(
+        default_factory=MarketSource,
+        metadata=section("Which bars of --data to trade: table, columns, symbols, range."),
     )
     window: int = field(default=32, metadata=doc("Bars of features in each observation."))
     episode_length: int | None = field(
@@ -96,12 +101,18 @@ class TradingConfig:
 
     @classmethod
     def from_kwargs(cls, config: TradingConfig | None = None, **kwargs: Any) -> TradingConfig:
-        """`config` (or the defaults) with `kwargs` set; an unknown name lists the valid ones."""
+        """`config` (or the defaults) with `kwargs` set; the source's options (symbols=...,
+        table=...) may be given flat. An unknown name lists the valid ones."""
         names = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(kwargs) - names)
+        source_names = {field.name for field in dataclasses.fields(MarketSource)}
+        unknown = sorted(set(kwargs) - names - source_names)
         if unknown:
             raise TypeError(
                 f"unknown trading environment option(s) {', '.join(unknown)}; "
-                f"valid options: {', '.join(sorted(names))}"
+                f"valid options: {', '.join(sorted(names | source_names))}"
             )
-        return dataclasses.replace(config or cls(), **kwargs)
+        base = config or cls()
+        flat = {name: kwargs.pop(name) for name in source_names & set(kwargs)}
+        if flat:
+            kwargs["source"] = dataclasses.replace(kwargs.get("source", base.source), **flat)
+        return dataclasses.replace(base, **kwargs)

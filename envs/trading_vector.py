@@ -4,6 +4,7 @@ It behaves exactly like Gymnasium's SyncVectorEnv over N TradingEnv (same observ
 rewards and ends for the same seed and actions; sub-env i is seeded seed + i), with
 Gymnasium's default NEXT_STEP autoreset: the step after an episode ends ignores that env's
 action and returns the first observation of its next episode, with reward 0 and no end flags.
+With many symbols each env trades a symbol drawn for each episode from its own stream.
 Infos are empty: per-env dicts would cost more than the step itself.
 """
 
@@ -23,7 +24,6 @@ from fedrl.envs.trading import (
     ENV_ID,
     Book,
     ObsArray,
-    draw_start,
     episode_starts,
     load_market,
     observation_space,
@@ -58,20 +58,24 @@ class TradingVectorEnv(VectorEnv[ObsArray, npt.NDArray[np.int64], npt.NDArray[An
         self.num_envs = num_envs
         self.config = TradingConfig.from_kwargs(config, **options)
         self.market = load_market(self.config)
-        self._lowest, self._highest, self._last = episode_starts(self.market, self.config)
+        self._starts = episode_starts(self.market, self.config)
         self._targets = target_positions(self.config.allow_short)
         self.single_action_space = gym.spaces.Discrete(len(self._targets))
         self.action_space = batch_space(self.single_action_space, num_envs)
-        self.single_observation_space = observation_space(self.config.window)
+        self.single_observation_space = observation_space(
+            self.config.window, self.market.data.indicator_names
+        )
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self._book = Book(
             n=num_envs,
-            close=self.market.bars.close,
+            close=self.market.close,
             fee_bps=self.config.fee_bps,
             slippage_bps=self.config.slippage_bps,
         )
         self._rngs = [seeding.np_random(None)[0] for _ in range(num_envs)]
         self._done = np.zeros(num_envs, dtype=np.bool_)
+        self._last = np.zeros(num_envs, dtype=np.int64)
+        """Each env's episode ends at this bar: the last of its symbol's split."""
         self._started = False
 
     def reset(
@@ -86,8 +90,7 @@ class TradingVectorEnv(VectorEnv[ObsArray, npt.NDArray[np.int64], npt.NDArray[An
             # Like Gymnasium's envs, an unseeded reset continues the env's own stream.
             if sub_seed is not None:
                 self._rngs[i] = seeding.np_random(sub_seed)[0]
-        starts = np.array([draw_start(rng, self._lowest, self._highest) for rng in self._rngs])
-        self._book.open(slice(None), starts)
+        self._open(np.arange(self.num_envs))
         self._done[:] = False
         self._started = True
         return observe(self.market, self._book, self.config.window), {}
@@ -101,11 +104,7 @@ class TradingVectorEnv(VectorEnv[ObsArray, npt.NDArray[np.int64], npt.NDArray[An
         restart = self._done
         live = ~restart
         if restart.any():
-            which = np.flatnonzero(restart)
-            starts = np.array(
-                [draw_start(self._rngs[i], self._lowest, self._highest) for i in which]
-            )
-            self._book.open(which, starts)
+            self._open(np.flatnonzero(restart))
         # Restarted envs stay flat on their first bar: no trade, no move, reward 0.
         target = np.where(live, self._targets[chosen], self._book.position)
         rewards, ruined = self._book.step(target, advance=live)
@@ -116,6 +115,13 @@ class TradingVectorEnv(VectorEnv[ObsArray, npt.NDArray[np.int64], npt.NDArray[An
         self._done = terminated | truncated
         obs = observe(self.market, self._book, self.config.window)
         return obs, rewards, terminated, truncated, {}
+
+    def _open(self, which: npt.NDArray[np.intp]) -> None:
+        """Start envs `which` on a symbol and bar each draws from its own stream."""
+        drawn = [self._starts.draw(self._rngs[i]) for i in which]
+        symbols = np.array([symbol for symbol, _ in drawn], dtype=np.int64)
+        self._last[which] = self._starts.last[symbols]
+        self._book.open(which, np.array([start for _, start in drawn], dtype=np.int64))
 
     def _checked_actions(self, actions: npt.ArrayLike) -> npt.NDArray[np.intp]:
         chosen = np.asarray(actions)

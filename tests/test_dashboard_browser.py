@@ -133,7 +133,7 @@ _PARTICIPANTS = (
 return [...section.querySelectorAll("table.participants tbody tr[data-participant]")].map((row) => {
   const cells = [...row.querySelectorAll("td")];
   return [row.querySelector("th").textContent, ...cells.slice(0, 5).map((c) => c.textContent),
-          cells[cells.length - 1].dataset.value];
+          row.querySelector("td.seen").dataset.value, row.querySelector("td.data").textContent];
 });
 """
 )
@@ -176,6 +176,7 @@ def rpc_participants(state: pb.SessionState) -> list[tuple[str, ...]]:
             f"{p.updates_accepted:,}",
             f"{p.updates_rejected:,}",
             str(p.last_seen_unix_ms),
+            f"SYNTHETIC DATA {p.data_source}" if p.synthetic_data else p.data_source,
         )
         for p in state.participants
     ]

@@ -21,6 +21,8 @@ from fedrl.client.commands.backtest import (
     run_backtest,
 )
 from fedrl.client.training.q_network import build_q_network
+from fedrl.common.config_help import FieldOption
+from fedrl.envs.market_source import MarketSource
 from fedrl.envs.trading import TradingEnv
 from fedrl.envs.trading_config import TradingConfig
 
@@ -75,17 +77,17 @@ def test_always_long_policy_is_exactly_buy_and_hold() -> None:
 def test_backtest_covers_the_whole_evaluation_split_once() -> None:
     result = run_backtest(constant(1), CONFIG)
 
-    split_at = TradingEnv(CONFIG).market.split_at
+    (split_at,) = TradingEnv(CONFIG).market.split_at
     assert len(result.time_ns) == 3_000 - split_at
-    assert result.time_ns[0] == TradingEnv(CONFIG).market.bars.time_ns[split_at]
+    assert result.time_ns[0] == TradingEnv(CONFIG).market.time_ns[split_at]
     assert result.policy.metrics.total_return == 0.0
     assert result.policy.metrics.trades == 0
 
 
 def test_buy_and_hold_pays_entry_costs_and_follows_the_price() -> None:
     result = run_backtest(constant(1), CONFIG)
-    bars = TradingEnv(CONFIG).market.bars
-    closes = bars.close[np.searchsorted(bars.time_ns, result.time_ns)]
+    market = TradingEnv(CONFIG).market
+    closes = market.close[np.searchsorted(market.time_ns, result.time_ns)]
 
     # Entry at the first close plus 5 bps slippage, and a 10 bps fee.
     expected = closes / (closes[0] * 1.0005 * 1.001)
@@ -214,10 +216,14 @@ def test_command_refuses_a_non_trading_env(tmp_path: Path) -> None:
 
 def test_command_env_options_match_the_config_fields() -> None:
     command = make_backtest_command()
-    options = {p.name for p in command.params} - {"model_path", "env_id", "out"}
-    fields = {f.name for f in dataclasses.fields(TradingConfig)}
+    fields_of_command = {p.name for p in command.params if isinstance(p, FieldOption)}
+    options = fields_of_command - {"model_path", "env_id", "out"}
+    fields = {f.name for f in dataclasses.fields(TradingConfig)} - {"source"}
+    source_fields = {f.name for f in dataclasses.fields(MarketSource)}
 
     # A backtest always runs the whole evaluation split once.
-    assert options == fields - {"split", "episode_length"}
-    defaults = {p.name: p.default for p in command.params if p.name in fields}
-    assert defaults == {name: getattr(TradingConfig(), name) for name in options}
+    assert options == (fields | source_fields) - {"split", "episode_length"}
+    defaults = {p.name: p.default for p in command.params if p.name in options}
+    expected = {name: getattr(TradingConfig(), name) for name in options - source_fields}
+    expected |= {name: getattr(MarketSource(), name) for name in source_fields}
+    assert defaults == expected

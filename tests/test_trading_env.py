@@ -124,7 +124,7 @@ def test_training_episodes_never_see_evaluation_bars_and_the_reverse() -> None:
     evaluation = TradingEnv(
         episode_length=64, synthetic_bars=4_000, eval_fraction=0.25, split="eval"
     )
-    split_at = train.market.split_at
+    (split_at,) = train.market.split_at
     assert split_at == 3_000
 
     for env, after_split in ((train, False), (evaluation, True)):
@@ -166,8 +166,8 @@ def test_observation_ends_with_position_and_unrealised_return() -> None:
     env.reset(seed=1)
 
     obs, _, _, _, info = env.step(2)
-    entry = env.market.bars.close[info["bar"] - 1]
-    now = env.market.bars.close[info["bar"]]
+    entry = env.market.close[info["bar"] - 1]
+    now = env.market.close[info["bar"]]
 
     assert obs[-2] == 1.0
     assert obs[-1] == pytest.approx(now / entry - 1, rel=1e-5)
@@ -207,7 +207,7 @@ def test_bad_data_file_error_reaches_the_caller_with_file_and_line(tmp_path: Pat
 
 def test_synthetic_market_is_announced_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
     # An unusual size, so the per-process market cache cannot answer without loading.
-    with caplog.at_level("WARNING", logger="fedrl.envs.trading"):
+    with caplog.at_level("WARNING", logger="fedrl.envs.market_source"):
         TradingEnv(synthetic_bars=3_001)
 
     assert "SYNTHETIC" in caplog.text and "not real prices" in caplog.text
@@ -216,7 +216,7 @@ def test_synthetic_market_is_announced_in_the_log(caplog: pytest.LogCaptureFixtu
 def test_without_costs_equity_follows_a_plain_units_and_cash_account() -> None:
     env = TradingEnv(synthetic_bars=3_000, fee_bps=0, slippage_bps=0, episode_length=200)
     _, info = env.reset(seed=3)
-    close = env.market.bars.close
+    close = env.market.close
     actions = np.random.default_rng(3).integers(0, 3, 200)
 
     cash, units, position, total_reward = 1.0, 0.0, 0, 0.0

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fedrl.envs.bars import Bars
 from fedrl.envs.features import FEATURE_CLIP, FEATURE_NAMES, WARMUP, compute_features
-from fedrl.envs.market_data import Bars
 from fedrl.envs.synthetic import synthetic_bars
 from fedrl.envs.trading import TradingEnv
 

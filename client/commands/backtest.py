@@ -30,6 +30,7 @@ from fedrl.client.training.obs_window import ObservationWindow
 from fedrl.client.training.policy_network import ActorCritic
 from fedrl.client.training.vector_env import EnvShape
 from fedrl.common.config_cli import doc, section, takes_config
+from fedrl.common.config_help import ConfigCommand
 
 # Importing any fedrl.envs module registers fedrl/Trading-v0 with Gymnasium.
 from fedrl.envs.trading import ENV_ID, TradingEnv
@@ -114,37 +115,104 @@ class Curve:
 
 
 @dataclass(frozen=True, eq=False)
-class BacktestResult:
-    """The policy and buy-and-hold over the same evaluation bars."""
+class Run:
+    """The policy and buy-and-hold over the same evaluation bars of one symbol, or of all
+    symbols together (the total)."""
 
-    source: str
+    symbol: str
     time_ns: npt.NDArray[np.int64]
     bars_per_year: float
     policy: Curve
     buy_and_hold: Curve
 
 
+@dataclass(frozen=True, eq=False)
+class BacktestResult:
+    """Each symbol's run and the total: equal capital in each symbol's account, marked
+    together at every bar time of any symbol (one symbol: the total is its run)."""
+
+    source: str
+    synthetic: bool
+    symbols: tuple[Run, ...]
+    total: Run
+
+    @property
+    def time_ns(self) -> npt.NDArray[np.int64]:
+        return self.total.time_ns
+
+    @property
+    def bars_per_year(self) -> float:
+        return self.total.bars_per_year
+
+    @property
+    def policy(self) -> Curve:
+        return self.total.policy
+
+    @property
+    def buy_and_hold(self) -> Curve:
+        return self.total.buy_and_hold
+
+
 def run_backtest(policy: Policy | WindowedPolicy, config: TradingConfig) -> BacktestResult:
-    """Step `config`'s evaluation split once, start to end, with `policy` and with buy-and-hold."""
+    """Step each symbol's evaluation split once, start to end, with `policy` and with
+    buy-and-hold."""
     env = TradingEnv(dataclasses.replace(config, split="eval", episode_length=None))
     n_actions = env.n_actions
-    # The last action is always "long", with or without shorts.
-    time_ns, ours = _walk(env, policy)
-    _, held = _walk(env, lambda obs: np.full(len(obs), n_actions - 1))
-    per_year = bars_per_year(time_ns)
+    runs = []
+    for symbol in env.market.symbols:
+        time_ns, ours = _walk(env, policy, symbol)
+        # The last action is always "long", with or without shorts.
+        _, held = _walk(env, lambda obs: np.full(len(obs), n_actions - 1), symbol)
+        per_year = bars_per_year(time_ns)
+        runs.append(Run(symbol, time_ns, per_year, _curve(ours, per_year), _curve(held, per_year)))
     return BacktestResult(
-        source=env.market.bars.source,
-        time_ns=time_ns,
-        bars_per_year=per_year,
-        policy=_curve(ours, per_year),
-        buy_and_hold=_curve(held, per_year),
+        source=env.market.source,
+        synthetic=env.market.data.synthetic,
+        symbols=tuple(runs),
+        total=runs[0] if len(runs) == 1 else _total(runs),
+    )
+
+
+def _total(runs: list[Run]) -> Run:
+    """Equal capital in each symbol's account, marked at every bar time of any symbol: an
+    account is worth its last mark (1 before its first bar, its final value after its last)."""
+    times = np.unique(np.concatenate([run.time_ns for run in runs]))
+    per_year = bars_per_year(times)
+
+    def combined(pick: Callable[[Run], Curve]) -> Curve:
+        equity = np.zeros(len(times))
+        for run in runs:
+            at = np.searchsorted(run.time_ns, times, side="right") - 1
+            marks = pick(run).equity
+            equity += np.where(at >= 0, marks[np.maximum(at, 0)], 1.0)
+        equity /= len(runs)
+        curves = [pick(run) for run in runs]
+        held = sum(int(np.count_nonzero(c.positions)) for c in curves)
+        bars = sum(len(c.positions) for c in curves)
+        returns = equity[1:] / equity[:-1] - 1
+        spread = float(returns.std(ddof=1)) if len(returns) > 1 else 0.0
+        metrics = Metrics(
+            total_return=float(equity[-1] - 1),
+            sharpe=float(returns.mean()) / spread * math.sqrt(per_year) if spread > 0 else 0.0,
+            max_drawdown=float(np.max(1 - equity / np.maximum.accumulate(equity))),
+            trades=sum(c.metrics.trades for c in curves),
+            exposure=held / bars,
+        )
+        return Curve(equity, np.zeros(0, dtype=np.int8), metrics)
+
+    return Run(
+        "total",
+        times,
+        per_year,
+        combined(lambda run: run.policy),
+        combined(lambda run: run.buy_and_hold),
     )
 
 
 def _walk(
-    env: TradingEnv, policy: Policy | WindowedPolicy
+    env: TradingEnv, policy: Policy | WindowedPolicy, symbol: str
 ) -> tuple[npt.NDArray[np.int64], tuple[list[float], list[int]]]:
-    obs, info = env.reset(seed=0)
+    obs, info = env.reset(seed=0, options={"symbol": symbol})
     window = (
         ObservationWindow(1, env.obs_shape, policy.context)
         if isinstance(policy, WindowedPolicy)
@@ -184,26 +252,34 @@ def _curve(path: tuple[list[float], list[int]], per_year: float) -> Curve:
 
 
 def format_report(result: BacktestResult) -> str:
-    """The two strategies' metrics side by side, as plain text."""
+    """Each symbol's metrics and the total, policy beside buy-and-hold, as plain text."""
     start, end = (
         np.datetime64(int(t), "ns").astype("datetime64[m]") for t in result.time_ns[[0, -1]]
     )
-    ours, held = result.policy.metrics, result.buy_and_hold.metrics
-    rows = [
-        ("total return", f"{ours.total_return:+.2%}", f"{held.total_return:+.2%}"),
-        ("annualised Sharpe", f"{ours.sharpe:.2f}", f"{held.sharpe:.2f}"),
-        ("max drawdown", f"{-ours.max_drawdown:.2%}", f"{-held.max_drawdown:.2%}"),
-        ("trades", f"{ours.trades}", f"{held.trades}"),
-        ("exposure", f"{ours.exposure:.1%}", f"{held.exposure:.1%}"),
-    ]
     lines = [
         f"Backtest on {result.source}, evaluation split",
         f"{start} to {end} UTC: {len(result.time_ns) - 1} bars, "
         f"{result.bars_per_year:,.0f} bars/year",
-        "",
-        f"{'':<20}{'policy':>12}{'buy & hold':>12}",
-        *(f"{name:<20}{a:>12}{b:>12}" for name, a, b in rows),
     ]
+    if result.synthetic:
+        lines.append("SYNTHETIC DATA: these bars are generated, not market prices")
+    runs = [*result.symbols, result.total] if len(result.symbols) > 1 else [result.total]
+    for run in runs:
+        ours, held = run.policy.metrics, run.buy_and_hold.metrics
+        rows = [
+            ("total return", f"{ours.total_return:+.2%}", f"{held.total_return:+.2%}"),
+            ("annualised Sharpe", f"{ours.sharpe:.2f}", f"{held.sharpe:.2f}"),
+            ("max drawdown", f"{-ours.max_drawdown:.2%}", f"{-held.max_drawdown:.2%}"),
+            ("trades", f"{ours.trades}", f"{held.trades}"),
+            ("exposure", f"{ours.exposure:.1%}", f"{held.exposure:.1%}"),
+        ]
+        title = (
+            ""
+            if len(runs) == 1
+            else ("total (equal capital in each symbol)" if run is result.total else run.symbol)
+        )
+        lines += ["", f"{title:<20}{'policy':>12}{'buy & hold':>12}"]
+        lines += [f"{name:<20}{a:>12}{b:>12}" for name, a, b in rows]
     return "\n".join(lines)
 
 
@@ -225,7 +301,8 @@ def write_equity_png(result: BacktestResult, path: Path) -> None:
     axes = figure.add_subplot()
     axes.plot(times, result.policy.equity, label="policy", linewidth=1.2)
     axes.plot(times, result.buy_and_hold.equity, label="buy & hold", linewidth=1.0, alpha=0.8)
-    axes.set_title(f"Equity, evaluation split of {result.source}")
+    marked = "SYNTHETIC DATA: " if result.synthetic else ""
+    axes.set_title(f"{marked}Equity, evaluation split of {result.source}")
     axes.set_ylabel("equity (start = 1)")
     axes.grid(alpha=0.3)
     axes.legend()
@@ -331,7 +408,7 @@ class BacktestConfig:
 def make_backtest_command(loader: PolicyLoader = load_policy) -> click.Command:
     """The `backtest` command; `loader` turns --model into a policy (tests pass their own)."""
 
-    @click.command("backtest")
+    @click.command("backtest", cls=ConfigCommand)
     @takes_config(BacktestConfig)
     def backtest(config: BacktestConfig) -> None:
         """Run a saved model greedily over the evaluation split; compare with buy-and-hold."""

@@ -48,6 +48,7 @@ from fedrl.client.training.vector_env import (
     reset_seeded,
 )
 from fedrl.common.config_cli import doc, section, takes_config
+from fedrl.common.config_help import ConfigCommand
 from fedrl.envs.board_games import BASELINES
 from fedrl.envs.two_player import LATEST, Baseline, Opponents, TwoPlayerVectorEnv
 
@@ -284,7 +285,7 @@ def _screen(env: gym.vector.VectorEnv) -> npt.NDArray[np.uint8]:
     return np.asarray(frames[0], dtype=np.uint8)
 
 
-@click.command("record")
+@click.command("record", cls=ConfigCommand)
 @takes_config(RecordConfig)
 def record_command(config: RecordConfig) -> None:
     """Play a model greedily and write a video of it, with the score drawn on each frame."""

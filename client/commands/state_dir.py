@@ -5,7 +5,10 @@ Layout of `<root>/<participant id>/`:
   best.pt        weights of the best greedy evaluation so far
   progress.pt    counters plus the learner's full state: networks, optimizer, schedules;
                  for a two-player game also the league: opponents, ratings, records
-  metrics.jsonl  one JSON object per episode and per evaluation, appended
+  metrics.jsonl  one JSON object per episode and per evaluation, appended (each says
+                 "synthetic_data": true when a trading run trades synthetic bars)
+  config.toml    the configuration of the latest run, as a config file: `fedrl-client config`
+                 prints it, `fedrl-client --config` runs it again
   events.out.tfevents.*  the same records as TensorBoard scalars (unless --tensorboard
                  sends them elsewhere or off; see training_events)
 
@@ -34,18 +37,23 @@ import numpy.typing as npt
 import torch
 
 from fedrl.client.commands.training_events import TrainingEvents
+from fedrl.client.federation.federation_client import DataLabel
 from fedrl.client.training.counters import Counters, PollResult
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.common.durable_files import write_atomically
 from fedrl.common.identity import safe_dirname, validate_participant_id
 
 FORMAT = 1
-MODEL_FILE, BEST_FILE, PROGRESS_FILE, METRICS_FILE = (
+MODEL_FILE, BEST_FILE, PROGRESS_FILE, METRICS_FILE, CONFIG_FILE = (
     "model.pt",
     "best.pt",
     "progress.pt",
     "metrics.jsonl",
+    "config.toml",
 )
+PARTICIPANT_ID_FILE = "participant-id"
+"""Under the state dirs' root: the id generated for a participant who gave none, reused next
+time."""
 
 NamedArrays = list[tuple[str, npt.NDArray[Any]]]
 
@@ -83,8 +91,12 @@ class StateDir:
         identity: ModelIdentity,
         *,
         events: TrainingEvents | None = None,
+        market: DataLabel | None = None,
     ) -> None:
         self.participant_id = validate_participant_id(participant_id)
+        self._market = market
+        """A trading run's bars: named in every saved model, and in every metrics record
+        when they are synthetic."""
         self.path = Path(root) / safe_dirname(self.participant_id)
         self.identity = identity
         self._metrics: TextIO | None = None
@@ -118,6 +130,11 @@ class StateDir:
             payload["league"] = league_state
         self._write(PROGRESS_FILE, payload)
 
+    def save_config(self, text: str) -> None:
+        """The run's configuration as a config file (written whole or not at all)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_atomically(self.path / CONFIG_FILE, lambda file: file.write(text.encode("utf-8")))
+
     def append_metrics(self, records: Sequence[dict[str, Any]]) -> None:
         """Appends and flushes; a kill loses at most the line being written."""
         if not records:
@@ -125,6 +142,8 @@ class StateDir:
         if self._metrics is None:
             self.path.mkdir(parents=True, exist_ok=True)
             self._metrics = (self.path / METRICS_FILE).open("a", encoding="utf-8")
+        if self._market is not None and self._market.synthetic:
+            records = [{**record, "synthetic_data": True} for record in records]
         for record in records:
             self._metrics.write(json.dumps(record, ensure_ascii=False) + "\n")
         self._metrics.flush()
@@ -145,6 +164,16 @@ class StateDir:
             **self._identity_dict(),
             "counters": dataclasses.asdict(counters),
             "tensors": {name: torch.from_numpy(np.ascontiguousarray(a)) for name, a in weights},
+            **(
+                {}
+                if self._market is None
+                else {
+                    "data": {
+                        "source": self._market.source,
+                        "synthetic": self._market.synthetic,
+                    }
+                }
+            ),
         }
 
     def _identity_dict(self) -> dict[str, str]:

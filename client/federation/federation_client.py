@@ -94,6 +94,14 @@ def _translate(exc: grpc.aio.AioRpcError, what: str) -> ServerCallError:
 
 
 @dataclass(frozen=True)
+class DataLabel:
+    """What a participant trains on (a trading run's market), as status shows it."""
+
+    source: str
+    synthetic: bool
+
+
+@dataclass(frozen=True)
 class Timeouts:
     """Deadlines of Federation calls, in seconds."""
 
@@ -189,11 +197,17 @@ class FederationClient:
         return self.config.chunk_bytes or DEFAULT_CHUNK_BYTES
 
     async def join(
-        self, spec: tpb.ModelSpec, *, client_version: str = "", mode: str = ""
+        self,
+        spec: tpb.ModelSpec,
+        *,
+        client_version: str = "",
+        mode: str = "",
+        data: DataLabel | None = None,
     ) -> pb.JoinReply:
         """Enter the session; SpecMismatchError when the local model (or `mode`) does not fit it.
 
         `mode` "pbt" joins (or creates) a population session instead of an averaging one.
+        `data` says what the participant trains on, for status and the dashboard.
         """
         digest = spec_hash(spec)
         request = pb.JoinRequest(
@@ -203,6 +217,8 @@ class FederationClient:
             spec_hash=digest,
             client_version=client_version,
             mode=mode,
+            data_source=data.source if data is not None else "",
+            synthetic_data=data.synthetic if data is not None else False,
         )
         try:
             reply: pb.JoinReply = await self._unary(self._stub.Join, request, "join")

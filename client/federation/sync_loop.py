@@ -74,6 +74,7 @@ from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.errors import SyncError, UnavailableError
 from fedrl.client.federation.experience_cursor import CursorFile
 from fedrl.client.federation.experience_sync import ExchangeConfig, ExperienceSync
+from fedrl.client.federation.federation_client import DataLabel
 from fedrl.client.federation.global_scoring import VersionScore
 from fedrl.client.federation.league_sync import LeagueSync
 from fedrl.client.federation.observation_bounds import ObservationBounds
@@ -131,6 +132,7 @@ class SyncLoop:
         exchange: ExchangeConfig = _DEFAULT_EXCHANGE,
         target_at_adoption: TargetAtAdoption = "shift",
         on_record: Callable[[dict[str, Any]], None] | None = None,
+        data: DataLabel | None = None,
     ) -> None:
         """`exchange` says how experience is traded when `share` includes it (a DQN engine:
         other participants' transitions go into its replay, TrainingEngine.add_foreign).
@@ -139,7 +141,9 @@ class SyncLoop:
         `plan` says when progress is pushed and experience queued, in synchronous rounds
         (module docstring; DQN) or asynchronously, as the session's size goes
         (fedrl.client.federation.sync_plan), and the deltas' wire type.
-        `on_record` receives one metrics record per push ("sync") and adoption ("adopt")."""
+        `on_record` receives one metrics record per push ("sync") and adoption ("adopt").
+        `data` says what this participant trains on, for the server's status."""
+        self._data = data
         for mode in (plan.alone, plan.rounds, plan.warmup):
             if mode is not None:
                 check_rounds(
@@ -227,6 +231,7 @@ class SyncLoop:
             session=self._session,
             spec=self._spec,
             backoff=self._backoff,
+            data=self._data,
         )
         try:
             link.start()

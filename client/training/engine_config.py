@@ -32,9 +32,8 @@ class EngineConfig:
     data: str | None = field(
         default=None,
         metadata=doc(
-            "A data file the environment reads (e.g. OHLCV bars for fedrl/Trading-v0).",
-            path="file",
-            exists=True,
+            "What the environment reads: for fedrl/Trading-v0 a CSV, Parquet or Arrow file "
+            "of OHLCV bars, or a PostgreSQL URL (postgresql://user@host/db)."
         ),
     )
     workers: int = field(

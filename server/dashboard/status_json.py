@@ -62,6 +62,8 @@ def _participant(state: pb.ParticipantState) -> dict[str, Any]:
         "experience_batches": state.experience_batches,
         "experience_rejected": state.experience_rejected,
         "best_eval_return": _optional(state, "best_eval_return"),
+        "data_source": state.data_source,
+        "synthetic_data": state.synthetic_data,
     }
 
 

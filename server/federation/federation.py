@@ -76,6 +76,9 @@ from fedrl.server.strategy.strategy import Rule, Strategy
 
 log = logging.getLogger(__name__)
 
+MAX_DATA_SOURCE_CHARS = 1_000
+"""A data source is a URL and a table or query name: a line, never a document."""
+
 
 class Observer(Protocol):
     """Who follows the federation's state (global_state.json, say)."""
@@ -187,9 +190,17 @@ class Federation:
         spec: tpb.ModelSpec,
         claimed_hash: str,
         mode: str = "",
+        *,
+        data: tuple[str, bool] = ("", False),
     ) -> JoinResult:
+        """`data`: what the participant trains on (source, synthetic), for status."""
         name = validate_session_name(session_name)
         pid = validate_id(participant_id)
+        source, synthetic = data
+        if len(source) > MAX_DATA_SOURCE_CHARS:
+            raise InvalidRequestError(
+                f"data_source has {len(source)} characters; at most {MAX_DATA_SOURCE_CHARS}"
+            )
         mode = mode or FEDERATED
         if mode not in (FEDERATED, POPULATION):
             raise InvalidRequestError(
@@ -218,6 +229,7 @@ class Federation:
             )
         now = now_ms()
         await self._db(lambda db: db.touch_participant(name, pid, "active", now))
+        await self._db(lambda db: db.set_participant_data(name, pid, source, synthetic))
         experience_sequence = await self._db(lambda db: last_acknowledged(db.connection, name, pid))
         session.participants.add(pid)
         session.active.add(pid)

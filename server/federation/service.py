@@ -119,7 +119,12 @@ class FederationServicer(pb_grpc.FederationServicer):
         async def call() -> pb.JoinReply:
             pid = acting_as(context, request.participant_id)
             joined = await self._federation.join(
-                request.session, pid, request.spec, request.spec_hash, request.mode
+                request.session,
+                pid,
+                request.spec,
+                request.spec_hash,
+                request.mode,
+                data=(request.data_source, request.synthetic_data),
             )
             return pb.JoinReply(
                 config=self._federation.session_config(joined.session),

@@ -80,8 +80,16 @@ class StatusView:
             (row.name,),
         ).fetchall()
         experience = participant_counts(self._db.connection, row.name)
+        data = {
+            pid: (source, bool(synthetic))
+            for pid, source, synthetic in self._db.connection.execute(
+                "SELECT participant_id, source, synthetic FROM participant_data WHERE session=?",
+                (row.name,),
+            )
+        }
         for pid, first, last, status, eps, steps, acc, rej, dup, best_eval in participants:
             batches, rejected = experience.get(pid, (0, 0))
+            source, synthetic = data.get(pid, ("", False))
             item = state.participants.add(
                 participant_id=pid,
                 first_seen_unix_ms=first,
@@ -94,6 +102,8 @@ class StatusView:
                 updates_duplicate=dup,
                 experience_batches=batches,
                 experience_rejected=rejected,
+                data_source=source,
+                synthetic_data=synthetic,
             )
             if best_eval is not None:
                 item.best_eval_return = best_eval

@@ -117,9 +117,19 @@ CREATE TABLE IF NOT EXISTS populations (
     session TEXT PRIMARY KEY REFERENCES sessions(name),
     created_ms INTEGER NOT NULL
 );
+-- What each participant trains on, as its latest Join said (a trading run's
+-- market, and whether its bars are synthetic).
+CREATE TABLE IF NOT EXISTS participant_data (
+    session TEXT NOT NULL,
+    participant_id TEXT NOT NULL,
+    source TEXT NOT NULL,
+    synthetic INTEGER NOT NULL,
+    PRIMARY KEY (session, participant_id)
+);
 """
-# quarantined and populations came after schema version 1 shipped; CREATE TABLE IF
-# NOT EXISTS adds them to an older database as it opens, so the version need not change.
+# quarantined, populations and participant_data came after schema version 1 shipped;
+# CREATE TABLE IF NOT EXISTS adds them to an older database as it opens, so the version
+# need not change.
 
 
 @dataclass(frozen=True)
@@ -340,6 +350,18 @@ class StateDB:
                 "ON CONFLICT (session, participant_id) "
                 "DO UPDATE SET last_seen_ms=excluded.last_seen_ms, status=excluded.status",
                 (session, participant_id, now_ms, now_ms, status),
+            )
+
+    def set_participant_data(
+        self, session: str, participant_id: str, source: str, synthetic: bool
+    ) -> None:
+        """What the participant trains on, as its Join said."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO participant_data (session, participant_id, source, synthetic) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (session, participant_id) "
+                "DO UPDATE SET source=excluded.source, synthetic=excluded.synthetic",
+                (session, participant_id, source, int(synthetic)),
             )
 
     def is_participant(self, session: str, participant_id: str) -> bool:

@@ -48,20 +48,24 @@ class SessionConfig(_message.Message):
     def __init__(self, max_staleness: _Optional[int] = ..., buffer_size: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., strategy: _Optional[str] = ..., server_learning_rate: _Optional[float] = ..., sync_interval: _Optional[int] = ..., delta_dtypes: _Optional[_Iterable[_Union[_tensor_pb2.DType, str]]] = ..., global_eval_interval: _Optional[int] = ..., push_rate_per_s: _Optional[float] = ..., pbt_ready_steps: _Optional[int] = ..., pbt_quantile: _Optional[float] = ..., pbt_resample_probability: _Optional[float] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("session", "participant_id", "spec", "spec_hash", "client_version", "mode")
+    __slots__ = ("session", "participant_id", "spec", "spec_hash", "client_version", "mode", "data_source", "synthetic_data")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
     CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    DATA_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SYNTHETIC_DATA_FIELD_NUMBER: _ClassVar[int]
     session: str
     participant_id: str
     spec: _tensor_pb2.ModelSpec
     spec_hash: str
     client_version: str
     mode: str
-    def __init__(self, session: _Optional[str] = ..., participant_id: _Optional[str] = ..., spec: _Optional[_Union[_tensor_pb2.ModelSpec, _Mapping]] = ..., spec_hash: _Optional[str] = ..., client_version: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
+    data_source: str
+    synthetic_data: bool
+    def __init__(self, session: _Optional[str] = ..., participant_id: _Optional[str] = ..., spec: _Optional[_Union[_tensor_pb2.ModelSpec, _Mapping]] = ..., spec_hash: _Optional[str] = ..., client_version: _Optional[str] = ..., mode: _Optional[str] = ..., data_source: _Optional[str] = ..., synthetic_data: _Optional[bool] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("config", "current_version", "goal", "server_time_unix_ms", "last_update_sequence", "last_experience_sequence", "spec_hash")
@@ -236,7 +240,7 @@ class StatusRequest(_message.Message):
     def __init__(self, session: _Optional[str] = ..., max_versions: _Optional[int] = ...) -> None: ...
 
 class ParticipantState(_message.Message):
-    __slots__ = ("participant_id", "first_seen_unix_ms", "last_seen_unix_ms", "status", "episodes", "env_steps", "updates_accepted", "updates_rejected", "updates_duplicate", "experience_batches", "experience_rejected", "best_eval_return")
+    __slots__ = ("participant_id", "first_seen_unix_ms", "last_seen_unix_ms", "status", "episodes", "env_steps", "updates_accepted", "updates_rejected", "updates_duplicate", "experience_batches", "experience_rejected", "best_eval_return", "data_source", "synthetic_data")
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEEN_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
@@ -249,6 +253,8 @@ class ParticipantState(_message.Message):
     EXPERIENCE_BATCHES_FIELD_NUMBER: _ClassVar[int]
     EXPERIENCE_REJECTED_FIELD_NUMBER: _ClassVar[int]
     BEST_EVAL_RETURN_FIELD_NUMBER: _ClassVar[int]
+    DATA_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SYNTHETIC_DATA_FIELD_NUMBER: _ClassVar[int]
     participant_id: str
     first_seen_unix_ms: int
     last_seen_unix_ms: int
@@ -261,7 +267,9 @@ class ParticipantState(_message.Message):
     experience_batches: int
     experience_rejected: int
     best_eval_return: float
-    def __init__(self, participant_id: _Optional[str] = ..., first_seen_unix_ms: _Optional[int] = ..., last_seen_unix_ms: _Optional[int] = ..., status: _Optional[str] = ..., episodes: _Optional[int] = ..., env_steps: _Optional[int] = ..., updates_accepted: _Optional[int] = ..., updates_rejected: _Optional[int] = ..., updates_duplicate: _Optional[int] = ..., experience_batches: _Optional[int] = ..., experience_rejected: _Optional[int] = ..., best_eval_return: _Optional[float] = ...) -> None: ...
+    data_source: str
+    synthetic_data: bool
+    def __init__(self, participant_id: _Optional[str] = ..., first_seen_unix_ms: _Optional[int] = ..., last_seen_unix_ms: _Optional[int] = ..., status: _Optional[str] = ..., episodes: _Optional[int] = ..., env_steps: _Optional[int] = ..., updates_accepted: _Optional[int] = ..., updates_rejected: _Optional[int] = ..., updates_duplicate: _Optional[int] = ..., experience_batches: _Optional[int] = ..., experience_rejected: _Optional[int] = ..., best_eval_return: _Optional[float] = ..., data_source: _Optional[str] = ..., synthetic_data: _Optional[bool] = ...) -> None: ...
 
 class VersionState(_message.Message):
     __slots__ = ("version", "parent", "created_unix_ms", "contributors", "max_staleness", "eval_return", "mean_return", "checkpoint", "env_steps", "rating", "rated_games")

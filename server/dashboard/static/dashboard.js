@@ -155,7 +155,7 @@ function figure(label, value) {
 function participantsTable(participants, now) {
   const head = [
     "participant", "status", "episodes", "env steps", "updates accepted", "refused",
-    "duplicates", "experience batches", "best evaluation", "last seen",
+    "duplicates", "experience batches", "best evaluation", "last seen", "data",
   ];
   const rows = participants.map((p) =>
     el(
@@ -175,9 +175,23 @@ function participantsTable(participants, now) {
         { "data-value": p.last_seen_unix_ms, title: when(p.last_seen_unix_ms), class: "seen" },
         ago(p.last_seen_unix_ms, now),
       ),
+      dataCell(p),
     ),
   );
   return table("participants", head, rows, "nobody has joined yet");
+}
+
+// What a participant trains on; generated bars are flagged so no one mistakes
+// a synthetic run's results for a market's.
+function dataCell(p) {
+  if (!p.synthetic_data) return el("td", { class: "data" }, p.data_source);
+  return el(
+    "td",
+    { class: "data synthetic", title: p.data_source },
+    el("strong", {}, "SYNTHETIC DATA"),
+    " ",
+    p.data_source,
+  );
 }
 
 function versionsTable(versions) {

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedrl.envs.market_data import MarketDataError, load_csv
+from fedrl.envs.bars import MarketDataError
+from fedrl.envs.csv_bars import load_csv
 
 # 2024-01-01T00:00:00Z and the next two hours.
 T0 = 1_704_067_200
@@ -48,7 +49,7 @@ def test_common_time_layouts_parse_to_the_same_bars(
         tmp_path, "\n".join([header, *(f"{t},{r}" for t, r in zip(times, OHLCV, strict=True))])
     )
 
-    bars = load_csv(path)
+    (bars,) = load_csv(path).series
 
     expect_default_bars(bars.time_ns, bars.close)
 
@@ -62,7 +63,7 @@ def test_millisecond_epochs_with_extra_columns_parse(tmp_path: Path) -> None:
     rows = [f"{t}000,{r},{t}999,1.5,7,0.5,0.7,0" for t, r in zip(HOURS, OHLCV, strict=True)]
     path = write(tmp_path, "\n".join([header, *rows]) + "\n")
 
-    bars = load_csv(path)
+    (bars,) = load_csv(path).series
 
     expect_default_bars(bars.time_ns, bars.close)
     assert bars.volume.tolist() == [100.0, 150.0, 80.0]
@@ -79,7 +80,7 @@ def test_gzip_is_recognised_by_content_not_name(tmp_path: Path) -> None:
     path = tmp_path / "bars.csv"
     path.write_bytes(gzip.compress(text.encode()))
 
-    bars = load_csv(path)
+    (bars,) = load_csv(path).series
 
     expect_default_bars(bars.time_ns, bars.close)
 
@@ -91,7 +92,7 @@ def test_semicolon_delimiter_bom_and_blank_lines_are_accepted(tmp_path: Path) ->
         ("\ufefftimestamp;open;high;low;close;volume\n" + "\n\n".join(rows) + "\n\n").encode()
     )
 
-    bars = load_csv(path)
+    (bars,) = load_csv(path).series
 
     expect_default_bars(bars.time_ns, bars.close)
 
@@ -113,7 +114,7 @@ def test_rows_are_sorted_by_time_and_duplicate_timestamps_keep_the_last_row(
         ),
     )
 
-    bars = load_csv(path)
+    (bars,) = load_csv(path).series
 
     expect_default_bars(bars.time_ns, bars.close)
     assert bars.volume.tolist() == [100.0, 150.0, 80.0]
@@ -131,7 +132,7 @@ def test_gaps_are_kept_as_they_are(tmp_path: Path) -> None:
         ),
     )
 
-    bars = load_csv(path)
+    (bars,) = load_csv(path).series
 
     assert (bars.time_ns // 1_000_000_000).tolist() == times
 
@@ -147,7 +148,7 @@ def test_loaded_arrays_are_read_only(tmp_path: Path) -> None:
         ),
     )
 
-    bars = load_csv(path)
+    (bars,) = load_csv(path).series
 
     with pytest.raises(ValueError, match="read-only"):
         bars.close[0] = 1.0
@@ -323,7 +324,7 @@ def test_any_valid_bars_survive_a_round_trip_through_csv(
     path = tmp_path_factory.mktemp("roundtrip") / "bars.csv"
     path.write_text("timestamp,open,high,low,close,volume\n" + "\n".join(rows))
 
-    bars = load_csv(path)
+    (bars,) = load_csv(path).series
 
     assert (bars.time_ns // 1_000_000_000).tolist() == times
     assert bars.close.tolist() == closes
