@@ -11,8 +11,8 @@ PIP := $(BIN)/python -m pip install --constraint $(LOCK)
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # Every extra, so one lock serves `make install` and `make bench` alike.
-EXTRAS := dev,plot,export,atari,video,trading,box2d,bench
-INSTALL_EXTRAS := dev,plot,export,atari,video,trading
+EXTRAS := dev,plot,export,atari,video,games,trading,box2d,bench
+INSTALL_EXTRAS := dev,plot,export,atari,video,games,trading
 
 # The benchmarks run with -m (and type-checked); every other bench/*.py is a script.
 BENCH_MODULES := bench.federation bench.federation_sim

@@ -1,6 +1,8 @@
 """Experience batches: columnar transitions <-> the ExperienceExchange wire format.
 
-A batch is seven parallel columns, one row per transition. On the wire the
+A batch is seven parallel columns, one row per transition (a two-player
+game's adds an eighth, each transition's opponent, as an index into names
+the header carries). On the wire the
 header describes each column (name, dtype, shape: ExperienceHeader.column_specs)
 and the columns' raw little-endian bytes, back to back in wire order, travel
 as ONE uint8 tensor of a TensorChunk stream, compressed as one zstd frame.
@@ -44,7 +46,7 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import zstandard
@@ -63,6 +65,13 @@ from fedrl.proto.v1 import tensor_pb2 as tpb
 
 COLUMNS = ("obs", "next_obs", "reward", "discount", "action", "terminated", "truncated")
 """Wire order of the columns; a batch carries exactly these, once each."""
+OPPONENT = "opponent"
+"""The column a two-player game's batch adds after the seven: each transition's index into
+the header's opponents."""
+MAX_OPPONENTS = 1024
+"""Opponent names one batch may carry."""
+MAX_OPPONENT_NAME = 64
+"""Characters of one opponent name at most."""
 
 BLOCK = "columns"
 """Name of the one tensor of a batch's chunk stream: the columns' bytes back to back."""
@@ -97,9 +106,10 @@ _ALLOWED: dict[str, frozenset[int]] = {
     "action": frozenset({tpb.DTYPE_UINT8, tpb.DTYPE_INT32, tpb.DTYPE_INT64}),
     "terminated": frozenset({tpb.DTYPE_BOOL}),
     "truncated": frozenset({tpb.DTYPE_BOOL}),
+    OPPONENT: frozenset({tpb.DTYPE_UINT8, tpb.DTYPE_INT32}),
 }
 # Columns with one value per transition: shape exactly [transitions].
-_SCALAR = frozenset(COLUMNS) - {"obs", "next_obs"}
+_SCALAR = frozenset((*COLUMNS, OPPONENT)) - {"obs", "next_obs"}
 _LOCAL = threading.local()
 _DEFAULT_LIMITS = DecodeLimits()
 
@@ -128,19 +138,30 @@ class ExperienceBatch:
     """Per-step discount the rewards and discounts were computed with."""
     env_spec_hash: str
     """Spec hash of the session the transitions were collected for."""
+    opponent: np.ndarray | None = None
+    """Two-player games: int [B], each transition's index into `opponents`; None elsewhere."""
+    opponents: tuple[str, ...] = ()
+    """Two-player games: the opponents' names, as the sender gives them."""
 
     def __len__(self) -> int:
         return int(self.action.shape[0])
 
     def columns(self) -> NamedTensors:
         """The columns in wire order."""
-        return [(name, getattr(self, name)) for name in COLUMNS]
+        columns = [(name, getattr(self, name)) for name in COLUMNS]
+        if self.opponent is not None:
+            columns.append((OPPONENT, self.opponent))
+        return columns
 
     def select(self, rows: np.ndarray | slice) -> ExperienceBatch:
         """The batch restricted to some rows (a budget to send)."""
         picked = {name: column[rows] for name, column in self.columns()}
         return ExperienceBatch(
-            **picked, n_step=self.n_step, gamma=self.gamma, env_spec_hash=self.env_spec_hash
+            **picked,
+            n_step=self.n_step,
+            gamma=self.gamma,
+            env_spec_hash=self.env_spec_hash,
+            opponents=self.opponents,
         )
 
     @staticmethod
@@ -156,9 +177,32 @@ class ExperienceBatch:
                 first.env_spec_hash,
             ):
                 raise ValueError("cannot join batches with different n_step, gamma or spec hash")
-        joined = {name: np.concatenate([getattr(b, name) for b in batches]) for name in COLUMNS}
+        joined: dict[str, Any] = {
+            name: np.concatenate([getattr(b, name) for b in batches]) for name in COLUMNS
+        }
+        if all(b.opponent is None for b in batches):
+            return ExperienceBatch(
+                **joined, n_step=first.n_step, gamma=first.gamma, env_spec_hash=first.env_spec_hash
+            )
+        if any(b.opponent is None for b in batches):
+            raise ValueError("cannot join a two-player game's batches with other batches")
+        # One list of names for all: each batch's indices move to their name's place in it.
+        names = list(dict.fromkeys(name for b in batches for name in b.opponents))
+        place = {name: index for index, name in enumerate(names)}
+        opponent = np.concatenate(
+            [
+                np.asarray([place[name] for name in b.opponents], dtype=np.int32)[b.opponent]
+                for b in batches
+                if b.opponent is not None
+            ]
+        )
         return ExperienceBatch(
-            **joined, n_step=first.n_step, gamma=first.gamma, env_spec_hash=first.env_spec_hash
+            **joined,
+            n_step=first.n_step,
+            gamma=first.gamma,
+            env_spec_hash=first.env_spec_hash,
+            opponent=opponent,
+            opponents=tuple(names),
         )
 
 
@@ -224,7 +268,10 @@ def _compressor() -> zstandard.ZstdCompressor:
 
 
 def _wire_form(name: str, column: np.ndarray) -> tuple[np.ndarray, tpb.TensorSpec]:
-    """The column as it travels (contiguous, little-endian, actions narrowed) and its spec."""
+    """The column as it travels (contiguous, little-endian, actions and opponents narrowed) and
+    its spec."""
+    if name == OPPONENT:
+        column = column.astype(np.uint8 if not column.size or column.max() < 256 else np.int32)
     if name == "action" and column.size:
         # uint8 holds any Discrete(n <= 256) action: 8x fewer raw bytes than int64
         # and ~2x fewer after zstd (bench/experience.py).
@@ -261,6 +308,7 @@ def batch_header(
         gamma=batch.gamma,
         cursor=cursor,
         column_specs=encoded.column_specs,
+        opponents=list(batch.opponents),
         block=tpb.TensorListHeader(
             tensor_count=1,
             total_encoded_size=encoded.block.encoded_size,
@@ -335,10 +383,13 @@ def column_layout(header: pb.ExperienceHeader, *, max_raw_bytes: int) -> list[Co
             "the batch header describes no columns (column_specs is empty); "
             "the sender speaks another experience format"
         )
-    if names != list(COLUMNS):
+    expected = [*COLUMNS, OPPONENT] if header.opponents else list(COLUMNS)
+    if names != expected:
         raise DecodeError(
-            f"experience columns must be {list(COLUMNS)} in this order, got {names[:16]}"
+            f"experience columns must be {expected} in this order, got {names[:16]}"
+            + ("" if header.opponents else " (an opponent column comes with opponent names)")
         )
+    _check_opponent_names(header.opponents)
     if header.n_step < 1:
         raise DecodeError("n_step must be at least 1")
     if not (math.isfinite(header.gamma) and 0.0 < header.gamma <= 1.0):
@@ -369,6 +420,17 @@ def column_layout(header: pb.ExperienceHeader, *, max_raw_bytes: int) -> list[Co
             f"the columns take {offset} bytes but the block header says {block.total_raw_size}"
         )
     return slots
+
+
+def _check_opponent_names(names: Sequence[str]) -> None:
+    if len(names) > MAX_OPPONENTS:
+        raise DecodeError(f"a batch names {len(names)} opponents; at most {MAX_OPPONENTS}")
+    for name in names:
+        if not 1 <= len(name) <= MAX_OPPONENT_NAME or not name.isprintable():
+            raise DecodeError(
+                f"opponent names must be 1..{MAX_OPPONENT_NAME} printable characters, "
+                f"got {name[:80]!r}"
+            )
 
 
 def _slot(spec: tpb.TensorSpec, rows: int, offset: int) -> ColumnSlot:
@@ -420,6 +482,14 @@ def _split_block(
         if require_finite and column.dtype.kind == "f" and not np.isfinite(column).all():
             raise DecodeError(f"experience column {slot.name!r} holds NaN or infinite values")
         found[slot.name] = column
+    opponent = found.get(OPPONENT)
+    if opponent is not None and opponent.size and int(opponent.max()) >= len(header.opponents):
+        raise DecodeError(
+            f"experience column {OPPONENT!r} names opponent {int(opponent.max())} of "
+            f"{len(header.opponents)}"
+        )
+    if opponent is not None and opponent.size and int(opponent.min()) < 0:
+        raise DecodeError(f"experience column {OPPONENT!r} holds a negative index")
     return ExperienceBatch(
         obs=found["obs"],
         action=found["action"].astype(np.int64, copy=False),
@@ -431,6 +501,8 @@ def _split_block(
         n_step=header.n_step,
         gamma=header.gamma,
         env_spec_hash=header.env_spec_hash,
+        opponent=None if opponent is None else opponent.astype(np.int32, copy=False),
+        opponents=tuple(header.opponents),
     )
 
 

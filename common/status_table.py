@@ -106,6 +106,7 @@ def render_session(state: pb.SessionState) -> str:
         ],
         numeric={2, 3, 4, 5, 6, 7},
     )
+    rated = bool(state.ratings)
     versions = table(
         [
             "version",
@@ -114,6 +115,7 @@ def render_session(state: pb.SessionState) -> str:
             "stale",
             "mean ret",
             "eval ret",
+            *(["elo", "games"] if rated else []),
             "contributors",
             "checkpoint",
         ],
@@ -125,14 +127,38 @@ def render_session(state: pb.SessionState) -> str:
                 str(v.max_staleness),
                 _optional(v, "mean_return"),
                 _optional(v, "eval_return"),
+                *([_elo(v), str(v.rated_games)] if rated else []),
                 ", ".join(v.contributors) or "-",
                 v.checkpoint or "(pruned)",
             ]
             for v in state.versions
         ],
-        numeric={0, 1, 3, 4, 5},
+        numeric={0, 1, 3, 4, 5, 6, 7} if rated else {0, 1, 3, 4, 5},
     )
-    return "\n\n".join(part for part in ("\n".join(summary), rules, participants, versions) if part)
+    ratings = (
+        "ratings (Elo; the uniform random player is 0)\n" + render_ratings(state) if rated else ""
+    )
+    parts = ("\n".join(summary), rules, participants, versions, ratings)
+    return "\n\n".join(part for part in parts if part)
+
+
+def render_ratings(state: pb.SessionState) -> str:
+    """Two-player games: every rating a participant reported, as that participant gives it."""
+    return table(
+        ["participant", "player", "kind", "elo", "games", "reported"],
+        [
+            [
+                r.participant_id,
+                r.name,
+                r.kind,
+                f"{r.rating:.0f}",
+                str(r.games),
+                _time(r.reported_unix_ms),
+            ]
+            for r in state.ratings
+        ],
+        numeric={3, 4},
+    )
 
 
 def render_rules(config: pb.SessionConfig) -> str:
@@ -202,6 +228,10 @@ def _optional(
     name: str,
 ) -> str:
     return f"{getattr(message, name):.2f}" if message.HasField(name) else "-"
+
+
+def _elo(version: pb.VersionState) -> str:
+    return f"{version.rating:.0f}" if version.HasField("rating") else "-"
 
 
 def _time(unix_ms: int) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import re
 
@@ -19,13 +20,14 @@ from fedrl.client.federation.server_link import ServerView
 from fedrl.client.training.counters import Counters, PollResult
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.engine_config import EngineConfig
-from fedrl.client.training.evaluation import EvalResult
+from fedrl.client.training.evaluation import EvalResult, MatchRecord
 from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.proto.v1 import federation_pb2 as pb
 from tests.support.fake_nvml import fake_nvml
 
 FEDERATED = {"version", "participants", "sync", "session_episodes", "session_goal"}
 POPULATION = {"generation"}
+GAMES = {"rating", "games"}
 """Shown for a member of a population session (tests/test_population_training.py)."""
 GPU = {"gpus"}
 """Shown only where NVIDIA's management library finds a GPU (tests/test_gpu_stats.py)."""
@@ -99,7 +101,7 @@ def test_plain_mode_line_carries_every_documented_field_of_a_federated_run() -> 
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2
     fields = parse_line(lines[-1])
-    assert set(fields) == {f.name for f in PROGRESS_FIELDS} - {"target", *POPULATION}
+    assert set(fields) == {f.name for f in PROGRESS_FIELDS} - {"target", *POPULATION, *GAMES}
     assert fields["episodes"] == "120/500"
     assert fields["env_steps_per_s"] == "1000"
     assert fields["updates_per_s"] == "500"
@@ -135,10 +137,39 @@ def test_a_real_training_run_reports_every_offline_field() -> None:
     reporter.close()
     # Assert: the last line (written at close) has a value for every field.
     fields = parse_line(stream.getvalue().splitlines()[-1])
-    offline = {f.name for f in PROGRESS_FIELDS} - {"target", *FEDERATED, *GPU, *POPULATION}
+    offline = {f.name for f in PROGRESS_FIELDS} - {
+        "target",
+        *FEDERATED,
+        *GPU,
+        *POPULATION,
+        *GAMES,
+    }
     assert set(fields) == offline
     assert all(value != "-" for value in fields.values()), fields
     assert int(fields["replay_size"]) > 0
+
+
+def test_a_two_player_game_shows_the_learners_rating_and_its_record_against_the_baselines() -> None:
+    stream = io.StringIO()
+    reporter = ProgressReporter(stream=stream, tty=False, clock=FakeClock())
+    progress = TrainingProgress(reporter, target=10, epsilon=0.1, replay_size=lambda: 0)
+    matches = (
+        MatchRecord("random", 0, wins=10, draws=0, losses=0),
+        MatchRecord("random", 1, wins=9, draws=0, losses=1),
+        MatchRecord("lookahead", 0, wins=5, draws=5, losses=0),
+        MatchRecord("lookahead", 1, wins=2, draws=4, losses=4),
+    )
+    result = dataclasses.replace(
+        poll_result(),
+        evaluation=EvalResult(returns=(1.0,), seconds=0.1, matches=matches),
+        rating=812.4,
+    )
+
+    progress(Counters(), result)
+
+    fields = parse_line(stream.getvalue().splitlines()[0])
+    assert fields["rating"] == "812"
+    assert fields["games"] == "random:95/0/5,lookahead:35/45/20"
 
 
 def test_plain_mode_shows_unknown_values_as_dash_and_omits_federated_fields_offline() -> None:

@@ -46,6 +46,37 @@ def test_record_writes_a_video_that_decodes_with_one_frame_per_step_plus_the_fir
     assert env != "ALE/Breakout-v5" or frames == max_steps + 1
 
 
+@pytest.mark.parametrize("opponent", ["lookahead", "self"])
+def test_a_two_player_game_records_one_frame_per_move_pair(tmp_path: Path, opponent: str) -> None:
+    pytest.importorskip("pettingzoo")
+    env = "pettingzoo/tictactoe_v3"
+    state = StateDir(tmp_path / "state", "Макар", ModelIdentity(env=env, architecture="dqn/t"))
+    net = build_q_network((27,), 9, hidden=(16,), action_mask=True)
+    state.save_model(named_arrays(net), Counters())
+    out = tmp_path / "game.gif"
+
+    result = CliRunner().invoke(
+        main,
+        [
+            "record",
+            "--model",
+            str(state.path / "model.pt"),
+            "--out",
+            str(out),
+            "--episodes",
+            "2",
+            "--opponent",
+            opponent,
+        ],
+    )
+
+    assert result.exit_code == 0, result.output
+    scores = result.output.split("scores ", 1)[1].split(", ")
+    assert all(float(score) in (-1.0, 0.0, 1.0) for score in scores)
+    # A game of tic-tac-toe is at most five of the model's moves: six frames an episode.
+    assert 2 * 2 <= count_frames(out) <= 2 * 6
+
+
 def test_two_episodes_into_a_gif_on_request(tmp_path: Path) -> None:
     model = saved_model(tmp_path, "CartPole-v1", (4,), 2)
     out = tmp_path / "play.gif"

@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from fedrl.client.commands.gpu_stats import GpuMonitor
 from fedrl.client.training.counters import Counters, PollResult
+from fedrl.client.training.evaluation import MatchRecord
 from fedrl.client.training.exploration import apex_epsilons
 from fedrl.common.closing import Closing
 
@@ -61,6 +62,16 @@ PROGRESS_FIELDS: tuple[ProgressField, ...] = (
     ProgressField("mean_return", "return", "Mean return of the last 100 local episodes.", 1),
     ProgressField("best_eval", "best", "Best greedy evaluation return so far.", 1),
     ProgressField("replay_size", "replay", "DQN: transitions in the replay buffer.", 0),
+    ProgressField(
+        "rating", "elo", "Two-player games: the learner's Elo (the random player is 0).", 0
+    ),
+    ProgressField(
+        "games",
+        "games",
+        "Two-player games, last evaluation: win/draw/loss percent against each fixed player, "
+        "both seats together, e.g. random:98/1/1,lookahead:61/12/27.",
+        0,
+    ),
     ProgressField(
         "loss", "loss", "Mean loss of the latest training round (DQN: TD; PPO: all terms).", 4
     ),
@@ -282,6 +293,21 @@ class RateMeter:
         return (total - first_total) / (now - first_time)
 
 
+def games_text(matches: Sequence[MatchRecord]) -> str:
+    """Win/draw/loss percent against each opponent, both seats together:
+    "random:98/1/1,lookahead:61/12/27"."""
+    totals: dict[str, list[int]] = {}
+    for match in matches:
+        counts = totals.setdefault(match.opponent, [0, 0, 0])
+        for i, count in enumerate((match.wins, match.draws, match.losses)):
+            counts[i] += count
+    parts = []
+    for opponent, counts in totals.items():
+        games = max(1, sum(counts))
+        parts.append(f"{opponent}:" + "/".join(str(round(100 * c / games)) for c in counts))
+    return ",".join(parts)
+
+
 def mean_epsilon(num_envs: int, *, base: float, alpha: float) -> float:
     """The share of random actions over all actors' envs on the Ape-X schedule."""
     return float(apex_epsilons(max(1, num_envs), base=base, alpha=alpha).mean())
@@ -309,6 +335,7 @@ class TrainingProgress:
         self._steps = RateMeter()
         self._updates = RateMeter()
         self._loss: float | None = None
+        self._games: str | None = None
 
     def __call__(
         self,
@@ -322,6 +349,8 @@ class TrainingProgress:
         now = self._clock()
         if "loss" in result.train_metrics:
             self._loss = result.train_metrics["loss"]
+        if result.evaluation is not None and result.evaluation.matches:
+            self._games = games_text(result.evaluation.matches)
         recent = counters.recent_returns
         fields: dict[str, Any] = {
             "episodes": counters.episodes,
@@ -336,6 +365,9 @@ class TrainingProgress:
         }
         if generation is not None:
             fields["generation"] = generation
+        if result.rating is not None:
+            fields["rating"] = result.rating
+            fields["games"] = self._games
         if self._gpus is not None and self._gpus.found:
             fields["gpus"] = self._gpus.brief()
         if view is not None:

@@ -8,7 +8,11 @@ largest Q-value, a policy's most probable action or mean) on the same
 observations as in training, while the env renders each step as rgb_array:
 any env that renders so works, CartPole as well as Atari, where the frames
 are the game's own colour screen (fedrl.envs.atari). The score is the sum
-of the env's raw rewards. Video: fedrl.client.commands.video.
+of the env's raw rewards. A two-player game (`pettingzoo/...`) renders its
+board after each of the model's moves and the opponent's reply; the
+opponent is `--opponent` (a fixed player, or the model itself), each
+episode's seat is drawn from its seed and named in the caption, and the
+score is the outcome (+1 a win, 0 a draw, −1 a loss). Video: fedrl.client.commands.video.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from fedrl.client.training.architecture import (
     build_from_tensors,
     infer_architecture,
 )
+from fedrl.client.training.evaluation import greedy_policy
 from fedrl.client.training.policy_network import ActorCritic
 from fedrl.client.training.vector_env import (
     as_observations,
@@ -44,6 +49,8 @@ from fedrl.client.training.vector_env import (
 )
 from fedrl.common.config_cli import doc, section, takes_config
 from fedrl.common.config_help import ConfigCommand
+from fedrl.envs.board_games import BASELINES
+from fedrl.envs.two_player import LATEST, Baseline, Opponents, TwoPlayerVectorEnv
 
 MIN_HEIGHT = 400
 """Frames are scaled up by a whole factor to at least this height (Atari's are 210)."""
@@ -97,6 +104,13 @@ class RecordConfig:
         ),
     )
     episodes: int = field(default=1, metadata=doc("Episodes to play, one after the other."))
+    opponent: str = field(
+        default="lookahead",
+        metadata=doc(
+            "Two-player games: who the model plays: random, lookahead (wins when it can, "
+            "blocks when it must) or self (the model itself)."
+        ),
+    )
     max_steps: int = field(
         default=4_500,
         metadata=doc(
@@ -116,6 +130,10 @@ class RecordConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.version < -1:
             raise ValueError(f"version must be -1 (the newest) or a version, got {self.version}")
+        if self.opponent not in (*BASELINES, "self"):
+            raise ValueError(
+                f"opponent must be one of {', '.join((*BASELINES, 'self'))}, got {self.opponent!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -149,6 +167,8 @@ def record(config: RecordConfig) -> Recording:
             net = build_from_tensors(loaded.tensors, shape.obs_shape, shape)
         except ArchitectureError as exc:
             raise RecordError(f"{env_id}: {exc}") from exc
+        if isinstance(env, TwoPlayerVectorEnv):
+            env.opponents = _opponent(env, net, config.opponent)
         config.out.parent.mkdir(parents=True, exist_ok=True)
         with VideoWriter(config.out, fps=config.fps) as video:
             scores = _play(env, _greedy(net), video, config)
@@ -197,6 +217,29 @@ def _greedy(net: torch.nn.Module) -> Callable[[npt.NDArray[Any]], npt.NDArray[np
     return act
 
 
+class _Itself:
+    """The model as its own opponent, greedy from the other seat."""
+
+    def __init__(self, net: torch.nn.Module) -> None:
+        self._act = greedy_policy(net)
+
+    def draw(self, rng: np.random.Generator) -> int:
+        return LATEST
+
+    def act(
+        self,
+        opponent: int,
+        obs: npt.NDArray[np.float32],
+        legal: npt.NDArray[np.bool_],
+        rng: np.random.Generator,
+    ) -> npt.NDArray[np.int64]:
+        return np.asarray(self._act(obs), dtype=np.int64)
+
+
+def _opponent(env: TwoPlayerVectorEnv, net: torch.nn.Module, name: str) -> Opponents:
+    return _Itself(net) if name == "self" else Baseline(env.rules, name)
+
+
 def _play(
     env: gym.vector.VectorEnv,
     act: Callable[[npt.NDArray[Any]], npt.NDArray[np.generic]],
@@ -209,8 +252,10 @@ def _play(
         obs = reset_seeded(env, seed)
         score = 0.0
 
-        def show(score: float, episode: int = episode) -> None:
-            caption = f"score {score:g}   episode {episode}/{config.episodes}"
+        seat = _seat_caption(env)
+
+        def show(score: float, episode: int = episode, seat: str = seat) -> None:
+            caption = f"score {score:g}   episode {episode}/{config.episodes}{seat}"
             video.add(with_caption(scale(_screen(env), MIN_HEIGHT), caption))
 
         show(score)
@@ -223,6 +268,14 @@ def _play(
             obs = as_observations(next_obs)
         scores.append(score)
     return tuple(scores)
+
+
+def _seat_caption(env: gym.vector.VectorEnv) -> str:
+    """Two-player games: whom the model plays and from which seat, for the caption."""
+    if not isinstance(env, TwoPlayerVectorEnv):
+        return ""
+    seat = ("first", "second")[int(env.seats()[0])]
+    return f"   moving {seat}"
 
 
 def _screen(env: gym.vector.VectorEnv) -> npt.NDArray[np.uint8]:

@@ -3,7 +3,8 @@
 Layout of `<root>/<participant id>/`:
   model.pt       latest weights and the counters they belong to (every few episodes)
   best.pt        weights of the best greedy evaluation so far
-  progress.pt    counters plus the learner's full state: networks, optimizer, schedules
+  progress.pt    counters plus the learner's full state: networks, optimizer, schedules;
+                 for a two-player game also the league: opponents, ratings, records
   metrics.jsonl  one JSON object per episode and per evaluation, appended (each says
                  "synthetic_data": true when a trading run trades synthetic bars)
   config.toml    the configuration of the latest run, as a config file: `fedrl-client config`
@@ -76,6 +77,8 @@ class Resumed:
     counters: Counters
     learner_state: dict[str, Any] | None
     weights: NamedArrays | None
+    league_state: dict[str, Any] | None = None
+    """Two-player games: the league (fedrl.client.training.league), from progress.pt."""
 
 
 class StateDir:
@@ -110,17 +113,22 @@ class StateDir:
         payload["eval_return"] = float(eval_return)
         self._write(BEST_FILE, payload)
 
-    def save_progress(self, counters: Counters, learner_state: dict[str, Any]) -> None:
-        self._write(
-            PROGRESS_FILE,
-            {
-                "format": FORMAT,
-                "participant_id": self.participant_id,
-                **self._identity_dict(),
-                "counters": dataclasses.asdict(counters),
-                "learner": learner_state,
-            },
-        )
+    def save_progress(
+        self,
+        counters: Counters,
+        learner_state: dict[str, Any],
+        league_state: dict[str, Any] | None = None,
+    ) -> None:
+        payload = {
+            "format": FORMAT,
+            "participant_id": self.participant_id,
+            **self._identity_dict(),
+            "counters": dataclasses.asdict(counters),
+            "learner": learner_state,
+        }
+        if league_state is not None:
+            payload["league"] = league_state
+        self._write(PROGRESS_FILE, payload)
 
     def save_config(self, text: str) -> None:
         """The run's configuration as a config file (written whole or not at all)."""
@@ -193,13 +201,15 @@ class StateDir:
         learner_state = progress["learner"] if progress else None
         if learner_state is not None and not isinstance(learner_state, dict):
             raise StateError(f"{self.path / PROGRESS_FILE}: learner state is not a mapping")
+        league_state = progress.get("league") if progress else None
         if model_counters is not None and (
             progress_counters is None or model_counters.episodes > progress_counters.episodes
         ):
             assert model is not None
-            return Resumed(model_counters, learner_state, _tensors(model, self.path / MODEL_FILE))
+            weights = _tensors(model, self.path / MODEL_FILE)
+            return Resumed(model_counters, learner_state, weights, league_state)
         assert progress_counters is not None
-        return Resumed(progress_counters, learner_state, None)
+        return Resumed(progress_counters, learner_state, None, league_state)
 
     def load_best(self) -> tuple[NamedArrays, float] | None:
         best = self._read(BEST_FILE)
@@ -288,6 +298,11 @@ class Autosaver:
                 self._engine.set_weights(resumed.weights)
             except ValueError as exc:
                 raise StateError(f"{self._state.path / MODEL_FILE}: {exc}") from exc
+        if resumed.league_state is not None and self._engine.self_play is not None:
+            try:
+                self._engine.self_play.load_state_dict(resumed.league_state)
+            except ValueError as exc:
+                raise StateError(f"{self._state.path / PROGRESS_FILE}: {exc}") from exc
         self._engine.restore_counters(resumed.counters)
         episodes = resumed.counters.episodes
         self._next_model = (episodes // self._model_every + 1) * self._model_every
@@ -300,8 +315,15 @@ class Autosaver:
             # In parallel mode a round either trains or takes in episodes, never
             # both; the episode batch's line carries the latest training figures.
             self._train_metrics = result.train_metrics
+        self_play = self._engine.self_play
         self._state.append_metrics(
-            _metric_records(result, counters, self._train_metrics, self._engine.replay_size)
+            _metric_records(
+                result,
+                counters,
+                self._train_metrics,
+                self._engine.replay_size,
+                rating=None if self_play is None else self_play.league.learner.rating,
+            )
         )
         if result.new_best and result.evaluation is not None:
             self._state.save_best(self._engine.weights(), counters, result.evaluation.mean)
@@ -315,7 +337,12 @@ class Autosaver:
         """Latest model and full progress now (periodically, on Ctrl-C and at the end)."""
         counters = self._engine.counters
         self._state.save_model(self._engine.weights(), counters)
-        self._state.save_progress(counters, self._engine.learner.state_dict())
+        self_play = self._engine.self_play
+        self._state.save_progress(
+            counters,
+            self._engine.learner.state_dict(),
+            None if self_play is None else self_play.state_dict(),
+        )
         episodes = counters.episodes
         self._next_model = (episodes // self._model_every + 1) * self._model_every
         self._next_progress = (episodes // self._progress_every + 1) * self._progress_every
@@ -340,7 +367,11 @@ def _metric_records(
     counters: Counters,
     train_metrics: dict[str, float],
     replay_size: int | None,
+    *,
+    rating: float | None = None,
 ) -> list[dict[str, Any]]:
+    """`rating`: a two-player game's learner's Elo, which its eval records carry with the win,
+    draw and loss rates against each fixed player from each seat."""
     now = round(time.time(), 3)
     first = counters.episodes - len(result.episode_returns) + 1
     records: list[dict[str, Any]] = [
@@ -373,16 +404,19 @@ def _metric_records(
                 train[name] = value
         records.append(train)
     if result.evaluation is not None:
-        records.append(
-            {
-                "kind": "eval",
-                "time": now,
-                "episode": counters.episodes,
-                "env_steps": counters.env_steps,
-                "updates": counters.updates,
-                "mean": result.evaluation.mean,
-                "std": result.evaluation.std,
-                "best": counters.best_eval,
-            }
-        )
+        evaluation: dict[str, Any] = {
+            "kind": "eval",
+            "time": now,
+            "episode": counters.episodes,
+            "env_steps": counters.env_steps,
+            "updates": counters.updates,
+            "mean": result.evaluation.mean,
+            "std": result.evaluation.std,
+            "best": counters.best_eval,
+        }
+        for match in result.evaluation.matches:
+            evaluation.update(match.fields())
+        if rating is not None:
+            evaluation["rating"] = rating
+        records.append(evaluation)
     return records

@@ -74,6 +74,7 @@ from fedrl.client.training.vector_env import observation_dtype
 from fedrl.common.chunking import DEFAULT_CHUNK_BYTES
 from fedrl.common.config_cli import doc
 from fedrl.common.group_rules import GroupRules
+from fedrl.envs.two_player import NO_OPPONENT
 from fedrl.proto.v1 import federation_pb2 as fpb
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,7 @@ class UnsentTransitions:
             "reward": np.zeros(capacity, dtype=np.float32),
             "next_obs": np.zeros((capacity, *obs_shape), dtype=obs_dtype),
             "discount": np.zeros(capacity, dtype=np.float32),
+            "opponent": np.zeros(capacity, dtype=np.int64),
         }
         self._capacity = capacity
         self._next = 0
@@ -141,7 +143,8 @@ class UnsentTransitions:
         skip = max(0, len(batch) - self._capacity)
         slots = (self._next + skip + np.arange(len(batch) - skip)) % self._capacity
         for name, column in self._columns.items():
-            column[slots] = getattr(batch, name)[skip:]
+            given = getattr(batch, name)
+            column[slots] = NO_OPPONENT if given is None else given[skip:]
         self._next = int((self._next + len(batch)) % self._capacity)
         self._size = min(self._capacity, self._size + len(batch))
 
@@ -158,7 +161,16 @@ class UnsentTransitions:
         if is_image(self._obs_shape):
             slots = slots[chain_order(self._columns["obs"][slots])]
         self._size = 0
-        return LearnerTransitions(**{name: column[slots] for name, column in self._columns.items()})
+        c = self._columns
+        opponent = c["opponent"][slots]
+        return LearnerTransitions(
+            obs=c["obs"][slots],
+            action=c["action"][slots],
+            reward=c["reward"][slots],
+            next_obs=c["next_obs"][slots],
+            discount=c["discount"][slots],
+            opponent=opponent if (opponent != NO_OPPONENT).any() else None,
+        )
 
 
 class PacedCredit:
@@ -214,14 +226,17 @@ class ExperienceSync:
         cursor: CursorFile,
         pull: bool = True,
         bounds: ObservationBounds | None = None,
+        opponent_name: Callable[[int], str] | None = None,
     ) -> None:
         """`rules`: the session's, whose credit the others' transitions earn (`follow`
         changes them). `pull=False` only pushes: a participant that acts and does not learn
         has no use for other participants' transitions. `bounds`: the session's observation
         bounds; rows outside them stay out of pushes (the server would refuse their whole
-        batch)."""
+        batch). `opponent_name`: two-player games: the name of a league id, which a pushed
+        batch records for each transition's opponent."""
         self._config = config
         self._rules = rules
+        self._opponent_name = opponent_name
         self._pulls = pull
         self._bounds = bounds
         self.unshared_out_of_bounds = 0
@@ -286,7 +301,11 @@ class ExperienceSync:
         if unsent is None:
             return None
         batch = to_experience(
-            unsent, n_step=self._n_step, gamma=self._gamma, spec_hash=self._spec_hash
+            unsent,
+            n_step=self._n_step,
+            gamma=self._gamma,
+            spec_hash=self._spec_hash,
+            opponent_name=self._opponent_name,
         )
         return queue_experience(
             outbox,

@@ -356,6 +356,17 @@ class FederationClient:
         reply: pb.GoalState = await self._unary(self._stub.RaiseGoal, request, "raise goal")
         return reply
 
+    async def report_ratings(self, ratings: Sequence[pb.PlayerRating]) -> int:
+        """Two-player games: this participant's newest ratings (ReportRatings); how many the
+        server stored."""
+        request = pb.RatingsReport(
+            session=self.session, participant_id=self.participant_id, ratings=list(ratings)
+        )
+        reply: pb.RatingsReply = await self._unary(
+            self._stub.ReportRatings, request, "report ratings"
+        )
+        return int(reply.stored)
+
     # Internals.
 
     def _require_join(self, what: str) -> None:

@@ -27,6 +27,10 @@ What the participant shares with the session is the rules' `share`:
   reports episodes with updates, and it sends none;
 - "both" (the default): both, each on its own task of the network thread.
 
+A two-player game's participant also pulls the session's kept versions into
+its league of opponents and reports its ratings, whatever it shares
+(fedrl.client.federation.league_sync).
+
 Experience is off-policy data: a PPO participant shares weights only.
 
 Every `sync_interval` local episodes, or `sync_steps` env steps if that
@@ -83,6 +87,7 @@ from fedrl.client.federation.experience_cursor import CursorFile
 from fedrl.client.federation.experience_sync import ExchangeConfig, ExperienceSync
 from fedrl.client.federation.federation_client import DataLabel
 from fedrl.client.federation.global_scoring import VersionScore
+from fedrl.client.federation.league_sync import LeagueSync
 from fedrl.client.federation.observation_bounds import ObservationBounds
 from fedrl.client.federation.outbox import Outbox, OutboxLimits
 from fedrl.client.federation.server_link import ServerLink, ServerView
@@ -175,6 +180,7 @@ class SyncLoop:
         self._experience: ExperienceSync | None = None
         self._build_parts()
         self._outbox: Outbox | None = None
+        self._league: LeagueSync | None = None
         self._experience_queued_at = 0
         self._experience_queued_steps = 0
         self._experience_queued_time = -math.inf
@@ -243,6 +249,9 @@ class SyncLoop:
                 cursor=CursorFile(state_dir / EXPERIENCE_CURSOR_FILE),
                 pull=engine.learns,
                 bounds=ObservationBounds.of(spec.observation_space),
+                opponent_name=(
+                    None if engine.self_play is None else engine.self_play.league.name_of
+                ),
             )
 
     def _follow(self, config: pb.SessionConfig) -> None:
@@ -328,6 +337,8 @@ class SyncLoop:
             if self._experience is not None:
                 self._experience.attach(link, self._outbox)
                 self._engine.on_batch(self._experience.record)
+            if self._engine.self_play is not None:
+                self._league = LeagueSync(self._engine.self_play, link)
             self._experience_queued_at = self._engine.counters.episodes
             self._experience_queued_steps = self._engine.counters.env_steps
             if reply is not None:
@@ -354,6 +365,8 @@ class SyncLoop:
             # A join since the last round (the first, for a participant that started while
             # the server was away): the session's rules come with it.
             self._follow(link.view.session)
+        if self._league is not None:
+            self._league.after_poll()
         self._choose_mode()
         if self._mode.rounds and self._weights is not None:
             self._synchronous_round(result)
@@ -552,6 +565,10 @@ class SyncLoop:
             max(0.0, deadline - time.monotonic())
         ):
             log.warning("experience batches stay in the outbox and will be sent by the next run")
+        if self._league is not None and self.view.connected:
+            self._league.report()
+            if not self._league.flush(max(0.0, deadline - time.monotonic())):
+                log.warning("the last ratings did not reach the server; the next run sends them")
         if leave and self.view.connected:
             link.leave("finished")
         return left

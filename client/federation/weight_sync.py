@@ -464,6 +464,8 @@ class WeightSync:
         )
         save_sync_state(self.state_path, self._state)
         self._engine.adopt(adopted, target=self._target_at_adoption)
+        # Two-player games: the version joins the league of opponents.
+        self._engine.add_global_version(model.version, model.tensors)
         if self._scoring is not None:
             self._scoring.offer(model.version, model.tensors, env_steps=counters.env_steps)
         log.info("adopted global version %d", model.version)

@@ -23,8 +23,14 @@ from torch import nn
 from fedrl.client.training.exploration import actor_epsilons, epsilon_greedy
 from fedrl.client.training.frame_actor import FrameActorCore, FrameActorSpec
 from fedrl.client.training.frame_slots import SlotLayout
+from fedrl.client.training.masking import legal_actions
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.nstep import NStepAccumulator
+from fedrl.client.training.opponent_pool import (
+    OpponentsSpec,
+    attach_opponents,
+    finished_opponents,
+)
 from fedrl.client.training.ppo_actor import PPOActorCore, PPOActorSpec
 from fedrl.client.training.q_network import DEFAULT_NETWORK, build_q_network
 from fedrl.client.training.shm import BoardLayout, SlotFill, SlotRing, TransitionSlot, WeightsBoard
@@ -61,6 +67,8 @@ class ActorSpec:
     dueling: bool
     steps_per_slot: int
     network: NetworkConfig = DEFAULT_NETWORK
+    opponents: OpponentsSpec | None = None
+    """Two-player games: the league's board the opponents are drawn from."""
 
 
 def make_actor_spec(
@@ -80,6 +88,7 @@ def make_actor_spec(
     dueling: bool,
     steps_per_slot: int,
     network: NetworkConfig = DEFAULT_NETWORK,
+    opponents: OpponentsSpec | None = None,
 ) -> ActorSpec:
     """Actor `index` of `num_actors`, in its `generation`-th life (0 until a restart)."""
     epsilons = actor_epsilons(
@@ -104,6 +113,7 @@ def make_actor_spec(
         dueling=dueling,
         steps_per_slot=steps_per_slot,
         network=network,
+        opponents=opponents,
     )
 
 
@@ -115,6 +125,8 @@ class Collected:
     env_steps: int
     episode_returns: npt.NDArray[np.float64]
     episode_lengths: npt.NDArray[np.int64]
+    episode_opponents: npt.NDArray[np.int64]
+    """Two-player games: each ended episode's opponent id (NO_OPPONENT elsewhere)."""
 
 
 class ActorCore(WeightsFollower[nn.Module]):
@@ -133,16 +145,25 @@ class ActorCore(WeightsFollower[nn.Module]):
         )
         shape = env_shape(self._env)
         self.obs_shape, self.n_actions = shape.obs_shape, shape.n_actions
+        self._masked = shape.action_mask
         self._rng = np.random.default_rng(action_seeds)
         torch.manual_seed(int(torch_seed.generate_state(1)[0]))
-        self._net = build_q_network(
-            self.obs_shape,
-            self.n_actions,
-            hidden=spec.hidden,
-            dueling=spec.dueling,
-            network=spec.network,
-        )
+
+        def q_network() -> nn.Module:
+            return build_q_network(
+                self.obs_shape,
+                self.n_actions,
+                hidden=spec.hidden,
+                dueling=spec.dueling,
+                network=spec.network,
+                action_mask=shape.action_mask,
+            )
+
+        self._net = q_network()
         self._net.eval()
+        self._opponents = attach_opponents(
+            self._env, spec.opponents, latest=self._net, make_net=q_network
+        )
         self._eps = np.asarray(spec.epsilons, dtype=np.float64)
         self._nstep = NStepAccumulator(
             num_envs=spec.num_envs,
@@ -154,21 +175,25 @@ class ActorCore(WeightsFollower[nn.Module]):
         self._obs = reset_seeded(self._env, env_seeds)
 
     def act(self, obs: npt.NDArray[np.float32]) -> npt.NDArray[np.int64]:
-        """ε-greedy with each env's own ε, from one batched forward pass."""
+        """ε-greedy with each env's own ε, from one batched forward pass (legal actions only,
+        where the observations carry a mask)."""
         with torch.inference_mode():
             greedy = self._net(torch.from_numpy(obs)).argmax(dim=1).numpy()
-        return epsilon_greedy(greedy, self._eps, self.n_actions, self._rng)
+        legal = legal_actions(obs, self.n_actions) if self._masked else None
+        return epsilon_greedy(greedy, self._eps, self.n_actions, self._rng, legal)
 
     def collect(self, vector_steps: int) -> Collected:
         batches: list[LearnerTransitions] = []
         returns: list[npt.NDArray[np.float64]] = []
         lengths: list[npt.NDArray[np.int64]] = []
+        opponents: list[npt.NDArray[np.int64]] = []
         env_steps = 0
         for _ in range(vector_steps):
             obs = self._obs
             action = self.act(obs)
-            next_obs, reward, terminated, truncated, _ = self._env.step(action)
+            next_obs, reward, terminated, truncated, info = self._env.step(action)
             next_obs = as_observations(next_obs)
+            ended = np.asarray(terminated, dtype=np.bool_) | np.asarray(truncated, dtype=np.bool_)
             batch, stats = self._nstep.push(
                 obs=obs,
                 action=action,
@@ -176,10 +201,12 @@ class ActorCore(WeightsFollower[nn.Module]):
                 next_obs=next_obs,
                 terminated=np.asarray(terminated, dtype=np.bool_),
                 truncated=np.asarray(truncated, dtype=np.bool_),
+                opponent=info.get("opponent"),
             )
             batches.append(batch)
             returns.append(stats.episode_returns)
             lengths.append(stats.episode_lengths)
+            opponents.append(finished_opponents(info, ended, len(stats.episode_returns)))
             env_steps += stats.env_steps
             self._obs = next_obs
         return Collected(
@@ -187,15 +214,20 @@ class ActorCore(WeightsFollower[nn.Module]):
             env_steps=env_steps,
             episode_returns=np.concatenate(returns),
             episode_lengths=np.concatenate(lengths),
+            episode_opponents=np.concatenate(opponents),
         )
 
     def fill(self, slot: TransitionSlot) -> tuple[int, int, int]:
         """Collect into a shared-memory slot; (rows, episodes, env steps) for the fill message."""
         got = self.collect(self._spec.steps_per_slot)
-        slot.write(got.batch, got.episode_returns, got.episode_lengths)
+        slot.write(
+            got.batch, got.episode_returns, got.episode_lengths, opponents=got.episode_opponents
+        )
         return len(got.batch), len(got.episode_returns), got.env_steps
 
     def close(self) -> None:
+        if self._opponents is not None:
+            self._opponents.close()
         self._env.close()
 
 

@@ -243,6 +243,7 @@ def build_from_tensors(
             hidden=arch.hidden,
             dueling=arch.dueling,
             network=arch.network,
+            action_mask=shape.action_mask,
         )
     # A state dict names a torso shared by two heads under both (value.torso.* as well);
     # the weights are the parameters, each once.

@@ -44,6 +44,8 @@ class PollResult:
     new_best: bool
     policy_updates: int = 0
     """PPO: rollouts learned from in this round (the sync loop pushes after each); DQN: 0."""
+    rating: float | None = None
+    """Two-player games: the learner's Elo after this round (fedrl.client.training.league)."""
 
 
 class Tally:
@@ -63,14 +65,24 @@ class Tally:
         """Local-step equivalents of the foreign transitions taken in (replay-ratio credit)."""
         self.recent: collections.deque[float] = collections.deque(maxlen=recent_window)
         self._finished: list[tuple[float, int]] = []
+        self._games: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = []
 
     def count(
         self,
         env_steps: int,
         episode_returns: npt.NDArray[np.float64],
         episode_lengths: npt.NDArray[np.int64],
+        opponents: npt.NDArray[np.int64] | None = None,
     ) -> None:
-        """What actors collected: held for the next exchange as a rank, counted at once alone."""
+        """What actors collected: held for the next exchange as a rank, counted at once alone.
+
+        `opponents`: two-player games' opponent id of each episode, whose
+        outcomes `take_games` hands to the league.
+        """
+        if opponents is not None and len(opponents):
+            if self.ledger is not None:
+                raise RuntimeError("two-player games train with one learner rank")
+            self._games.append((opponents.copy(), episode_returns.copy()))
         if self.ledger is not None:
             self.ledger.hold(env_steps, episode_returns, episode_lengths)
         else:
@@ -96,6 +108,13 @@ class Tally:
         """Returns and lengths of the episodes counted since the last call."""
         finished, self._finished = self._finished, []
         return tuple(r for r, _ in finished), tuple(n for _, n in finished)
+
+    def take_games(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """Opponent ids and outcomes of the games counted since the last call."""
+        games, self._games = self._games, []
+        if not games:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+        return np.concatenate([o for o, _ in games]), np.concatenate([r for _, r in games])
 
     def restore(self, counters: Counters) -> None:
         """Continue from saved counters (resume)."""

@@ -12,6 +12,8 @@ on-policy (PPO, `PPOConfig`: fedrl.client.training.rollout_schedule). The
 engine around them keeps the counts, evaluates, takes part in the learner
 ranks' exchange (fedrl.client.training.distributed), changes
 hyperparameters (population-based training) and adopts models (federation).
+For a two-player game it also runs self-play (fedrl.client.training.self_play):
+the league of opponents its actors draw from, and their ratings.
 """
 
 from __future__ import annotations
@@ -30,8 +32,15 @@ import torch
 from fedrl.client.training.counters import Counters, PollResult, Tally
 from fedrl.client.training.distributed import RankGroup, RoundLedger, RoundOutcome, outcome_of
 from fedrl.client.training.engine_config import EngineConfig
-from fedrl.client.training.evaluation import EvalResult, Evaluator, Scorer, greedy_policy
+from fedrl.client.training.evaluation import (
+    EvalResult,
+    Evaluator,
+    PolicyEvaluator,
+    Scorer,
+    greedy_policy,
+)
 from fedrl.client.training.frame_slots import SlotLayout
+from fedrl.client.training.game_evaluation import GameEvaluator
 from fedrl.client.training.hyperparameters import (
     Hyperparameters,
     actors_need_restart,
@@ -45,10 +54,12 @@ from fedrl.client.training.ppo_learner import PPOConfig, PPOLearner
 from fedrl.client.training.q_network import DEFAULT_NETWORK, load_named_arrays
 from fedrl.client.training.replay_schedule import ReplaySchedule
 from fedrl.client.training.rollout_schedule import RolloutSchedule
+from fedrl.client.training.self_play import SelfPlay
 from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.client.training.vector_env import env_shape, make_vector_env
 from fedrl.common.closing import Closing
 from fedrl.envs.atari import is_atari
+from fedrl.envs.board_games import is_two_player
 
 
 class TrainingEngine(Closing):
@@ -100,6 +111,12 @@ class TrainingEngine(Closing):
                 "an engine that only acts trains nothing, so it has no learner ranks to run: "
                 "use one learner, or the learner role"
             )
+        two_player = is_two_player(config.env)
+        if two_player and ranks is not None:
+            raise ValueError(
+                f"{config.env}: two-player games train with one learner rank (their league "
+                "and its ratings live in one process): drop --learners"
+            )
         self.learns = learn
         # Counted here until the next exchange reports them to every rank.
         self._tally = Tally(
@@ -108,6 +125,8 @@ class TrainingEngine(Closing):
         self.learner: Learner | PPOLearner
         self._schedule: ReplaySchedule | RolloutSchedule
         seed = _seed_of(learner_seed)
+        self.self_play = SelfPlay(config.self_play, seed=seed) if two_player else None
+        """Two-player games: the league of opponents and their ratings; None for other envs."""
         if isinstance(learner_config, PPOConfig):
             self.learner = PPOLearner(
                 obs_shape=self.obs_shape,
@@ -130,6 +149,7 @@ class TrainingEngine(Closing):
                 config=replace(learner_config, seed=seed),
                 network=network,
                 gradients=ranks,
+                action_mask=shape.action_mask,
             )
             self._schedule = ReplaySchedule(
                 self.learner,
@@ -146,14 +166,7 @@ class TrainingEngine(Closing):
                 world_size=1 if ranks is None else ranks.world_size,
             )
         self._evaluator = (
-            Evaluator(
-                config.env,
-                data=config.data,
-                episodes=config.eval_episodes,
-                seed=eval_seed,
-                max_steps=config.eval_max_steps,
-                window=network.window,
-            )
+            self._make_evaluator(config.eval_episodes, eval_seed)
             if config.eval_interval and (ranks is None or ranks.leads)
             else None
         )
@@ -206,6 +219,8 @@ class TrainingEngine(Closing):
         if self._ranks is not None:
             self._share_state()
         try:
+            if self.self_play is not None:
+                self._schedule.opponents = self.self_play.start(self.learner.weights())
             self._schedule.start(self.config.workers)
         except BaseException:
             self.close()
@@ -215,6 +230,8 @@ class TrainingEngine(Closing):
         """Stops actors and frees every shared-memory segment; safe to call twice."""
         atexit.unregister(self.close)
         self._schedule.pool.close()
+        if self.self_play is not None:
+            self.self_play.close()
         if self._evaluator is not None:
             self._evaluator.close()
             self._evaluator = None
@@ -241,6 +258,11 @@ class TrainingEngine(Closing):
         self._schedule.check_actors()
         if counted is not None:
             self._tally.settle(counted)
+        if self.self_play is not None:
+            opponents, outcomes = self._tally.take_games()
+            self.self_play.after_poll(
+                opponents, outcomes, updates=self.learner.updates, weights=self.learner.weights
+            )
         evaluation, new_best = self._maybe_evaluate()
         returns, lengths = self._tally.take_finished()
         rounds = self.learner.rounds - rounds_before if isinstance(self.learner, PPOLearner) else 0
@@ -253,6 +275,7 @@ class TrainingEngine(Closing):
             evaluation=evaluation,
             new_best=new_best,
             policy_updates=rounds,
+            rating=None if self.self_play is None else self.self_play.league.learner.rating,
         )
 
     def run(
@@ -420,7 +443,15 @@ class TrainingEngine(Closing):
         CPU copy of the network, so scoring never touches the learner, its device, the
         actors or the engine's own evaluation envs (and so never changes what training does)."""
         (seed,) = self._seeds.spawn(1)
-        evaluator = Evaluator(
+        evaluator = self._make_evaluator(episodes, seed)
+        return Scorer(copy.deepcopy(self.learner.online).to("cpu"), evaluator)
+
+    def _make_evaluator(self, episodes: int, seed: np.random.SeedSequence) -> PolicyEvaluator:
+        """Greedy episodes on envs of their own; for a two-player game, `episodes` games
+        against each fixed player from each seat."""
+        if self.self_play is not None:
+            return GameEvaluator(self.config.env, episodes=episodes, seed=seed)
+        return Evaluator(
             self.config.env,
             data=self.config.data,
             episodes=episodes,
@@ -428,7 +459,16 @@ class TrainingEngine(Closing):
             max_steps=self.config.eval_max_steps,
             window=self._network.window,
         )
-        return Scorer(copy.deepcopy(self.learner.online).to("cpu"), evaluator)
+
+    # -- self-play -------------------------------------------------------------
+
+    def add_global_version(
+        self, version: int, tensors: Sequence[tuple[str, npt.NDArray[Any]]]
+    ) -> None:
+        """Two-player games: a global version of the session joins the league (once); other
+        envs have no league, and nothing happens."""
+        if self.self_play is not None:
+            self.self_play.add_version(version, tensors)
 
     # -- hooks for the sync loop and autosave --------------------------------
 

@@ -1,4 +1,4 @@
-"""The training engine's configuration: collection, replay ratio, evaluation, seeds.
+"""The training engine's configuration: collection, replay ratio, evaluation, seeds, opponents.
 
 One frozen dataclass whose fields are the `fedrl-client` options of the
 engine (fedrl.common.config_cli), and the default worker count it derives
@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from fedrl.common.config_cli import doc
+from fedrl.client.training.self_play_config import SelfPlayConfig
+from fedrl.common.config_cli import doc, section
 
 
 def available_cores() -> int:
@@ -100,6 +101,10 @@ class EngineConfig:
             "Atari games, DQN: a lost life cuts the n-step return as an episode's end would; "
             "the game, its frames and its score go on."
         ),
+    )
+    self_play: SelfPlayConfig = field(
+        default_factory=SelfPlayConfig,
+        metadata=section("Two-player games: the opponent pool and how opponents are drawn."),
     )
 
     def __post_init__(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +22,39 @@ Act = Callable[[npt.NDArray[np.float32]], npt.NDArray[np.generic]]
 
 
 @dataclass(frozen=True)
+class MatchRecord:
+    """Two-player games: how the evaluated policy fared against one fixed player in one seat."""
+
+    opponent: str
+    """"random" or "lookahead"."""
+    seat: int
+    """0: the policy moved first; 1: second."""
+    wins: int
+    draws: int
+    losses: int
+
+    @property
+    def games(self) -> int:
+        return self.wins + self.draws + self.losses
+
+    def rates(self) -> tuple[float, float, float]:
+        """Win, draw and loss rates."""
+        games = max(1, self.games)
+        return self.wins / games, self.draws / games, self.losses / games
+
+    @property
+    def label(self) -> str:
+        """ "random first", "lookahead second", ..."""
+        return f"{self.opponent} {('first', 'second')[self.seat]}"
+
+    def fields(self) -> dict[str, float]:
+        """The rates as flat record fields, e.g. random_first_win."""
+        stem = self.label.replace(" ", "_")
+        win, draw, loss = self.rates()
+        return {f"{stem}_win": win, f"{stem}_draw": draw, f"{stem}_loss": loss}
+
+
+@dataclass(frozen=True)
 class EvalResult:
     """Undiscounted returns of the evaluation episodes, one per env."""
 
@@ -29,6 +62,9 @@ class EvalResult:
     """Undiscounted return of each evaluation episode."""
     seconds: float
     """Wall time the evaluation took, so that callers can report training time without it."""
+    matches: tuple[MatchRecord, ...] = ()
+    """Two-player games: the record against each fixed player in each seat (the returns are
+    those games' outcomes, +1, 0 or −1)."""
 
     @property
     def mean(self) -> float:
@@ -37,6 +73,14 @@ class EvalResult:
     @property
     def std(self) -> float:
         return float(np.std(self.returns))
+
+
+class PolicyEvaluator(Protocol):
+    """What scores a policy: an Evaluator, or a two-player game's GameEvaluator."""
+
+    def run_policy(self, act: Act) -> EvalResult: ...
+
+    def close(self) -> None: ...
 
 
 class Evaluator:
@@ -111,7 +155,7 @@ def greedy_policy(net: nn.Module) -> Act:
 class Scorer:
     """Scores weights greedily with a network and envs of its own; one caller at a time."""
 
-    def __init__(self, net: nn.Module, evaluator: Evaluator) -> None:
+    def __init__(self, net: nn.Module, evaluator: PolicyEvaluator) -> None:
         self._net = net.requires_grad_(False)
         self._evaluator = evaluator
         self._act = greedy_policy(self._net)

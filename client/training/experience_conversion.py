@@ -7,6 +7,8 @@ which n and gamma made it, so a receiver can check it fits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from fedrl.client.training.transitions import LearnerTransitions
@@ -15,15 +17,28 @@ from fedrl.common.experience import ExperienceBatch
 
 
 def to_experience(
-    batch: LearnerTransitions, *, n_step: int, gamma: float, spec_hash: str
+    batch: LearnerTransitions,
+    *,
+    n_step: int,
+    gamma: float,
+    spec_hash: str,
+    opponent_name: Callable[[int], str] | None = None,
 ) -> ExperienceBatch:
     """A local batch as an ExperienceBatch.
 
     A LearnerTransitions folds termination into its discount (0.0) and does not
     keep truncation, which bootstraps like an ongoing episode; so terminated
-    is discount == 0 and truncated is False.
+    is discount == 0 and truncated is False. A two-player game's transitions
+    carry their opponents' league ids, which travel as the names
+    `opponent_name` gives them.
     """
     terminated = batch.discount == 0.0
+    opponent: np.ndarray | None = None
+    opponents: tuple[str, ...] = ()
+    if batch.opponent is not None and opponent_name is not None:
+        ids, opponent = np.unique(batch.opponent, return_inverse=True)
+        opponents = tuple(opponent_name(int(i)) for i in ids)
+        opponent = opponent.astype(np.int32)
     return ExperienceBatch(
         obs=batch.obs,
         action=batch.action,
@@ -35,6 +50,8 @@ def to_experience(
         n_step=n_step,
         gamma=gamma,
         env_spec_hash=spec_hash,
+        opponent=opponent,
+        opponents=opponents,
     )
 
 

@@ -46,8 +46,19 @@ def epsilon_greedy(
     epsilons: npt.NDArray[np.float64],
     n_actions: int,
     rng: np.random.Generator,
+    legal: npt.NDArray[np.bool_] | None = None,
 ) -> npt.NDArray[np.int64]:
-    """Each env's greedy action, replaced by a uniformly random one with that env's ε."""
+    """Each env's greedy action, replaced by a uniformly random one with that env's ε.
+
+    With `legal` [B, A] (a game's action mask) the random action is a legal
+    one; a row with no legal action (a finished game, whose next step only
+    resets it) keeps its greedy action.
+    """
     explore = rng.random(len(greedy)) < epsilons
-    random_actions = rng.integers(n_actions, size=len(greedy))
+    if legal is None:
+        random_actions = rng.integers(n_actions, size=len(greedy))
+    else:
+        # The largest of uniform draws over the legal actions is uniform among them.
+        random_actions = np.argmax(rng.random(legal.shape) + legal, axis=1)
+        explore &= legal.any(axis=1)
     return np.where(explore, random_actions, greedy).astype(np.int64)

@@ -131,11 +131,15 @@ class Learner:
         replay: Replay | None = None,
         network: NetworkConfig = DEFAULT_NETWORK,
         gradients: GradientSync | None = None,
+        action_mask: bool = False,
     ) -> None:
         """`network` picks the torso (fedrl.client.training.networks): the MLP of
         config.hidden by default, or the causal transformer. `gradients` makes
         this learner one rank of several (fedrl.client.training.distributed):
-        every step then uses the ranks' mean gradient."""
+        every step then uses the ranks' mean gradient. `action_mask`: observations
+        end with the legal-action mask, which the networks apply to their
+        Q-values, so the target's max and Double DQN's argmax see legal actions
+        only (fedrl.client.training.masking)."""
         self.config = config
         self._gradients = gradients
         self.obs_shape = tuple(obs_shape)
@@ -154,6 +158,7 @@ class Learner:
                 hidden=config.hidden,
                 dueling=config.dueling,
                 network=network,
+                action_mask=action_mask,
             )
         self.online: nn.Module = q_network.to(self.device)
         self.target: nn.Module = copy.deepcopy(self.online).requires_grad_(False)
@@ -443,7 +448,9 @@ class Learner:
             double=double,
             huber_delta=self.config.huber_delta,
         )
-        return loss, q_online.detach().mean(), td_abs
+        # The greedy action's value, max_a Q(s, a) (Mnih et al. 2015's "average predicted
+        # action-value"): a masked illegal action's Q-value never enters it.
+        return loss, q_online.detach().amax(dim=1).mean(), td_abs
 
     @torch.no_grad()
     def _update_target(self) -> None:

@@ -116,6 +116,7 @@ class NStepAccumulator:
         terminated: BoolArray,
         truncated: BoolArray,
         continues: BoolArray | None = None,
+        opponent: npt.NDArray[np.int64] | None = None,
     ) -> tuple[LearnerTransitions, StepStats]:
         """Add one vector step; returns the rows it completed and the episodes it ended.
 
@@ -123,6 +124,8 @@ class NStepAccumulator:
         returned (the final observation for envs that just ended).
         `continues`: envs whose termination cuts the return but not the env,
         which steps on without a reset (a game's lost life, as an episode).
+        `opponent`: two-player games' opponent of each env's game, given to the
+        rows this step completes (a row completes within the game it began in).
         """
         valid = ~self._resetting
         done = (terminated | truncated) & valid
@@ -155,6 +158,7 @@ class NStepAccumulator:
             reward=self._ret[slots, envs].copy(),
             next_obs=np.ascontiguousarray(next_obs[envs], dtype=self._obs.dtype),
             discount=discount.astype(np.float32),
+            opponent=None if opponent is None else opponent[envs].astype(np.int64),
         )
         self._live[emit] = False
 

@@ -13,7 +13,10 @@ standard deviation is one learned vector, the same in every state (the
 continuous-control setup of Schulman et al. 2017, sec. 6.1). A sampled
 action is clipped to the space's bounds when it is sent to the env, and its
 log-probability is that of the sample itself; the greedy action is the mode:
-the most probable action, or the mean, clipped.
+the most probable action, or the mean, clipped. Where observations end with
+a legal-action mask (two-player games), illegal actions' logits are masked
+(fedrl.client.training.masking): they are never sampled and add nothing to
+the entropy.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import math
 import torch
 from torch import nn
 
+from fedrl.client.training.masking import masked_outputs
 from fedrl.client.training.networks import NetworkConfig, build_torso, is_mlp
 from fedrl.client.training.vector_env import EnvShape
 
@@ -90,6 +94,7 @@ class ActorCritic(nn.Module):
         under `policy.torso` only)."""
         super().__init__()
         self.discrete = shape.discrete
+        self.action_mask = shape.action_mask
         self.shared = value_torso is None
         self.policy = _Head(policy_torso, width, shape.n_actions or shape.action_dim, gain=0.01)
         self.value = _Head(policy_torso if value_torso is None else value_torso, width, 1, gain=1.0)
@@ -107,8 +112,14 @@ class ActorCritic(nn.Module):
         flat = obs.flatten(1)
         if self.shared:
             features = self.policy.torso(flat)
-            return self.policy.head(features), self.value.head(features).squeeze(-1)
-        return self.policy(flat), self.value(flat).squeeze(-1)
+            params = self.policy.head(features)
+            value = self.value.head(features).squeeze(-1)
+        else:
+            params, value = self.policy(flat), self.value(flat).squeeze(-1)
+        return self._masked(params, flat), value
+
+    def _masked(self, params: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+        return masked_outputs(params, flat) if self.action_mask else params
 
     def log_prob(self, params: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """log π(a|s), from the policy head's output."""
@@ -136,7 +147,8 @@ class ActorCritic(nn.Module):
 
     def greedy(self, obs: torch.Tensor) -> torch.Tensor:
         """The mode: argmax of the logits (int64 [B]), or the mean within bounds ([B, d])."""
-        params: torch.Tensor = self.policy(obs.flatten(1))
+        flat = obs.flatten(1)
+        params = self._masked(self.policy(flat), flat)
         if self.discrete:
             return params.argmax(dim=1)
         return torch.maximum(torch.minimum(params, self.action_high), self.action_low)

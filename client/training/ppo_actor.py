@@ -17,6 +17,11 @@ import numpy.typing as npt
 import torch
 
 from fedrl.client.training.networks import NetworkConfig
+from fedrl.client.training.opponent_pool import (
+    OpponentsSpec,
+    attach_opponents,
+    finished_opponents,
+)
 from fedrl.client.training.policy_network import ActorCritic, build_actor_critic
 from fedrl.client.training.rollout import Rollout, RolloutRecorder
 from fedrl.client.training.shm import RolloutSlot
@@ -45,6 +50,8 @@ class PPOActorSpec:
     network: NetworkConfig
     clip_rewards: bool = False
     """Learn from the sign of each reward (games); episode returns stay the raw score."""
+    opponents: OpponentsSpec | None = None
+    """Two-player games: the league's board the opponents are drawn from."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,8 @@ class CollectedRollout:
     env_steps: int
     episode_returns: npt.NDArray[np.float64]
     episode_lengths: npt.NDArray[np.int64]
+    episode_opponents: npt.NDArray[np.int64]
+    """Two-player games: each ended episode's opponent id (NO_OPPONENT elsewhere)."""
 
 
 class PPOActorCore(WeightsFollower[ActorCritic]):
@@ -74,9 +83,16 @@ class PPOActorCore(WeightsFollower[ActorCritic]):
         # else in the process touches torch's global one.
         self._generator = torch.Generator().manual_seed(int(action_seeds.generate_state(1)[0]))
         torch.manual_seed(int(torch_seed.generate_state(1)[0]))
-        self._net = build_actor_critic(
-            self.obs_shape, self.shape, hidden=spec.hidden, network=spec.network
-        ).eval()
+
+        def actor_critic() -> ActorCritic:
+            return build_actor_critic(
+                self.obs_shape, self.shape, hidden=spec.hidden, network=spec.network
+            ).eval()
+
+        self._net = actor_critic()
+        self._opponents = attach_opponents(
+            self._env, spec.opponents, latest=self._net, make_net=actor_critic
+        )
         self._low = np.asarray(self.shape.action_low, dtype=np.float32)
         self._high = np.asarray(self.shape.action_high, dtype=np.float32)
         self._obs = reset_seeded(self._env, env_seeds)
@@ -92,6 +108,7 @@ class PPOActorCore(WeightsFollower[ActorCritic]):
         """One rollout of `steps_per_slot` vector steps."""
         returns: list[npt.NDArray[np.float64]] = []
         lengths: list[npt.NDArray[np.int64]] = []
+        opponents: list[npt.NDArray[np.int64]] = []
         env_steps = 0
         net = self._net
         with torch.inference_mode():
@@ -102,7 +119,7 @@ class PPOActorCore(WeightsFollower[ActorCritic]):
                 log_prob = net.log_prob(params, action)
                 chosen = action.numpy()
                 to_env = chosen if self.shape.discrete else np.clip(chosen, self._low, self._high)
-                next_obs, reward, terminated, truncated, _ = self._env.step(to_env)
+                next_obs, reward, terminated, truncated, info = self._env.step(to_env)
                 score = np.asarray(reward, dtype=np.float64)
                 stats = self._recorder.add(
                     obs,
@@ -116,6 +133,10 @@ class PPOActorCore(WeightsFollower[ActorCritic]):
                 )
                 returns.append(stats.episode_returns)
                 lengths.append(stats.episode_lengths)
+                ended = np.asarray(terminated, dtype=np.bool_) | np.asarray(
+                    truncated, dtype=np.bool_
+                )
+                opponents.append(finished_opponents(info, ended, len(stats.episode_returns)))
                 env_steps += stats.env_steps
                 self._obs = as_observations(next_obs)
             _, last_value = net(torch.from_numpy(self._obs))
@@ -124,13 +145,18 @@ class PPOActorCore(WeightsFollower[ActorCritic]):
             env_steps=env_steps,
             episode_returns=np.concatenate(returns),
             episode_lengths=np.concatenate(lengths),
+            episode_opponents=np.concatenate(opponents),
         )
 
     def fill(self, slot: RolloutSlot) -> tuple[int, int, int]:
         """Collect into a shared-memory slot; (rows, episodes, env steps) for the fill message."""
         got = self.collect()
-        slot.write(got.rollout, got.episode_returns, got.episode_lengths)
+        slot.write(
+            got.rollout, got.episode_returns, got.episode_lengths, opponents=got.episode_opponents
+        )
         return got.rollout.steps * got.rollout.envs, len(got.episode_returns), got.env_steps
 
     def close(self) -> None:
+        if self._opponents is not None:
+            self._opponents.close()
         self._env.close()

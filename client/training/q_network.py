@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedrl.client.training.masking import masked_outputs
 from fedrl.client.training.networks import NetworkConfig, build_torso
 
 DEFAULT_NETWORK = NetworkConfig()
@@ -20,12 +21,23 @@ class QNetwork(nn.Module):
     V(s) and advantages A(s, a), joined as Q = V + A - mean_a A (Wang et al.
     2016, eq. 9): subtracting the mean makes V and A identifiable, so the value
     head learns from every transition, not only from the action taken.
+    With ``action_mask`` the observation ends with the legal-action mask and
+    illegal actions' Q-values are masked (fedrl.client.training.masking).
     """
 
-    def __init__(self, torso: nn.Module, width: int, n_actions: int, *, dueling: bool) -> None:
+    def __init__(
+        self,
+        torso: nn.Module,
+        width: int,
+        n_actions: int,
+        *,
+        dueling: bool,
+        action_mask: bool = False,
+    ) -> None:
         super().__init__()
         self.torso = torso
         self.dueling = dueling
+        self.action_mask = action_mask
         if dueling:
             self.value = nn.Linear(width, 1)
             self.advantage = nn.Linear(width, n_actions)
@@ -33,14 +45,15 @@ class QNetwork(nn.Module):
             self.head = nn.Linear(width, n_actions)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        features = self.torso(obs.flatten(1))
+        flat = obs.flatten(1)
+        features = self.torso(flat)
         q: torch.Tensor
         if self.dueling:
             advantage = self.advantage(features)
             q = self.value(features) + advantage - advantage.mean(dim=1, keepdim=True)
         else:
             q = self.head(features)
-        return q
+        return masked_outputs(q, flat) if self.action_mask else q
 
 
 def build_q_network(
@@ -50,15 +63,18 @@ def build_q_network(
     hidden: tuple[int, ...] = (256, 256),
     dueling: bool = True,
     network: NetworkConfig = DEFAULT_NETWORK,
+    action_mask: bool = False,
 ) -> nn.Module:
     """A fresh Q-network: float32 [B, *obs_shape] -> Q-values [B, n_actions].
 
     `hidden` are the MLP's widths; the transformer (network.policy) has its own.
+    `action_mask`: observations end with the legal-action mask, and illegal
+    actions get fedrl.client.training.masking.MASKED.
     """
     if n_actions < 1:
         raise ValueError(f"n_actions must be at least 1, got {n_actions}")
     torso, width = build_torso(obs_shape, hidden=hidden, activation="relu", network=network)
-    return QNetwork(torso, width, n_actions, dueling=dueling)
+    return QNetwork(torso, width, n_actions, dueling=dueling, action_mask=action_mask)
 
 
 def architecture_name(

@@ -100,6 +100,7 @@ class ReplaySchedule(Schedule[Learner]):
             dueling=learner.dueling,
             steps_per_slot=c.steps_per_slot,
             network=self._network,
+            opponents=self.opponents,
         )
         if self.frames:
             return FrameActorSpec(
@@ -147,7 +148,11 @@ class ReplaySchedule(Schedule[Learner]):
         if isinstance(serial, ActorCore):
             got = serial.collect(self.config.steps_per_slot)
             self._write_transitions(
-                got.batch, got.env_steps, got.episode_returns, got.episode_lengths
+                got.batch,
+                got.env_steps,
+                got.episode_returns,
+                got.episode_lengths,
+                got.episode_opponents,
             )
         elif isinstance(serial, FrameActorCore):
             frames = serial.collect(self.config.steps_per_slot)
@@ -220,8 +225,9 @@ class ReplaySchedule(Schedule[Learner]):
             return
         assert isinstance(slot, TransitionSlot)
         batch, returns, lengths = slot.read(fill)
+        opponents = slot.opponents(fill)
         self.pool.free(actor.spec.index, fill.slot)
-        self._write_transitions(batch, fill.env_steps, returns, lengths)
+        self._write_transitions(batch, fill.env_steps, returns, lengths, opponents)
 
     def _write_transitions(
         self,
@@ -229,6 +235,7 @@ class ReplaySchedule(Schedule[Learner]):
         env_steps: int,
         episode_returns: npt.NDArray[np.float64],
         episode_lengths: npt.NDArray[np.int64],
+        episode_opponents: npt.NDArray[np.int64],
     ) -> None:
         """An actor's transitions into the replay (checked there), then to the hooks."""
         if len(batch):
@@ -239,7 +246,7 @@ class ReplaySchedule(Schedule[Learner]):
                 batch.validate(self.learner.obs_shape)
             for hook in self._hooks:
                 hook(batch)
-        self._tally.count(env_steps, episode_returns, episode_lengths)
+        self._tally.count(env_steps, episode_returns, episode_lengths, episode_opponents)
 
     def _write_frames(
         self,

@@ -71,6 +71,7 @@ class RolloutSchedule(Schedule[PPOLearner]):
             hidden=self.learner.config.ppo_hidden,
             network=self._network,
             clip_rewards=c.clip_rewards and is_atari(c.env),
+            opponents=self.opponents,
         )
 
     def ring_layout(self, workers: int) -> RolloutLayout:
@@ -96,7 +97,9 @@ class RolloutSchedule(Schedule[PPOLearner]):
         reach every step collected after them."""
         if isinstance(self.pool.serial, PPOActorCore):
             got = self.pool.serial.collect()
-            self._tally.count(got.env_steps, got.episode_returns, got.episode_lengths)
+            self._tally.count(
+                got.env_steps, got.episode_returns, got.episode_lengths, got.episode_opponents
+            )
             metrics = self.learner.train(got.rollout)
             self.publish()
             return metrics
@@ -123,4 +126,4 @@ class RolloutSchedule(Schedule[PPOLearner]):
         if actor.spec.index in self._rollouts:
             raise ActorFailureError(f"actor {actor.spec.index} sent two rollouts for one update")
         self._rollouts[actor.spec.index] = (fill.slot, rollout)
-        self._tally.count(fill.env_steps, returns, lengths)
+        self._tally.count(fill.env_steps, returns, lengths, slot.opponents(fill))

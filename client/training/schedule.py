@@ -22,6 +22,7 @@ from fedrl.client.training.counters import Tally
 from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.frame_slots import SlotLayout
 from fedrl.client.training.networks import NetworkConfig
+from fedrl.client.training.opponent_pool import OpponentsSpec
 from fedrl.client.training.shm import SlotFill
 
 
@@ -58,6 +59,8 @@ class Schedule(ABC, Generic[L]):
         self.pool = ActorPool(spec_of=self.actor_spec, max_restarts=config.max_actor_restarts)
         self.published_at = 0
         """The learner's update count when its weights last went to the actors."""
+        self.opponents: OpponentsSpec | None = None
+        """Two-player games: the league's board, which every actor's spec names."""
 
     # -- what each schedule says -------------------------------------------------
 

@@ -30,6 +30,7 @@ import numpy.typing as npt
 from fedrl.client.training.frame_stacks import join_stacks, split_stacks
 from fedrl.client.training.rollout import Rollout
 from fedrl.client.training.transitions import LearnerTransitions
+from fedrl.envs.two_player import NO_OPPONENT
 
 SEGMENT_PREFIX = "fedrl_"
 _ALIGN = 64
@@ -79,8 +80,10 @@ class RingLayout:
             ("action", (r,), np.dtype(np.int64)),
             ("reward", (r,), np.dtype(np.float32)),
             ("discount", (r,), np.dtype(np.float32)),
+            ("opponent", (r,), np.dtype(np.int64)),
             ("episode_return", (e,), np.dtype(np.float64)),
             ("episode_length", (e,), np.dtype(np.int64)),
+            ("episode_opponent", (e,), np.dtype(np.int64)),
         ]
 
     @property
@@ -114,7 +117,10 @@ class TransitionSlot:
         batch: LearnerTransitions,
         episode_returns: npt.NDArray[np.float64],
         episode_lengths: npt.NDArray[np.int64],
+        *,
+        opponents: npt.NDArray[np.int64] | None = None,
     ) -> None:
+        """`opponents`: two-player games' opponent id of each ended episode."""
         rows, episodes = len(batch), len(episode_returns)
         if rows > self.rows_capacity or episodes > self.episodes_capacity:
             raise ValueError(
@@ -127,8 +133,14 @@ class TransitionSlot:
         a["action"][:rows] = batch.action
         a["reward"][:rows] = batch.reward
         a["discount"][:rows] = batch.discount
+        a["opponent"][:rows] = NO_OPPONENT if batch.opponent is None else batch.opponent
         a["episode_return"][:episodes] = episode_returns
         a["episode_length"][:episodes] = episode_lengths
+        _write_opponents(a, episodes, opponents)
+
+    def opponents(self, fill: SlotFill) -> npt.NDArray[np.int64]:
+        """The opponent id of each episode the fill ended (a copy)."""
+        return _read_opponents(self.arrays, fill, self.episodes_capacity)
 
     def read(
         self, fill: SlotFill
@@ -145,6 +157,7 @@ class TransitionSlot:
             reward=a["reward"][:n].copy(),
             next_obs=a["next_obs"][:n].copy(),
             discount=a["discount"][:n].copy(),
+            opponent=_opponents_of(a["opponent"][:n]),
         )
         returns = np.asarray(a["episode_return"][: fill.episodes], dtype=np.float64).copy()
         lengths = np.asarray(a["episode_length"][: fill.episodes], dtype=np.int64).copy()
@@ -193,6 +206,7 @@ class RolloutLayout:
             ("valid", (t, e), np.dtype(np.bool_)),
             ("episode_return", (self.episodes_per_slot,), np.dtype(np.float64)),
             ("episode_length", (self.episodes_per_slot,), np.dtype(np.int64)),
+            ("episode_opponent", (self.episodes_per_slot,), np.dtype(np.int64)),
         ]
 
     @property
@@ -227,7 +241,10 @@ class RolloutSlot:
         rollout: Rollout,
         episode_returns: npt.NDArray[np.float64],
         episode_lengths: npt.NDArray[np.int64],
+        *,
+        opponents: npt.NDArray[np.int64] | None = None,
     ) -> None:
+        """`opponents`: two-player games' opponent id of each ended episode."""
         episodes = len(episode_returns)
         if episodes > self.episodes_capacity:
             raise ValueError(f"slot holds {self.episodes_capacity} episodes, got {episodes}")
@@ -245,6 +262,11 @@ class RolloutSlot:
             target[...] = column
         self.arrays["episode_return"][:episodes] = episode_returns
         self.arrays["episode_length"][:episodes] = episode_lengths
+        _write_opponents(self.arrays, episodes, opponents)
+
+    def opponents(self, fill: SlotFill) -> npt.NDArray[np.int64]:
+        """The opponent id of each episode the fill ended (a copy)."""
+        return _read_opponents(self.arrays, fill, self.episodes_capacity)
 
     def read(
         self, fill: SlotFill
@@ -262,6 +284,32 @@ class RolloutSlot:
         returns = np.asarray(a["episode_return"][: fill.episodes], dtype=np.float64).copy()
         lengths = np.asarray(a["episode_length"][: fill.episodes], dtype=np.int64).copy()
         return rollout, returns, lengths
+
+
+def _opponents_of(column: npt.NDArray[np.int64]) -> npt.NDArray[np.int64] | None:
+    """A slot's per-row opponents as LearnerTransitions holds them: None where no row has one
+    (every env but a two-player game)."""
+    return column.copy() if len(column) and column.max() != NO_OPPONENT else None
+
+
+def _write_opponents(
+    arrays: dict[str, np.ndarray], episodes: int, opponents: npt.NDArray[np.int64] | None
+) -> None:
+    column = arrays["episode_opponent"]
+    if opponents is None:
+        column[:episodes] = NO_OPPONENT
+        return
+    if len(opponents) != episodes:
+        raise ValueError(f"{len(opponents)} opponents for {episodes} episodes")
+    column[:episodes] = opponents
+
+
+def _read_opponents(
+    arrays: dict[str, np.ndarray], fill: SlotFill, capacity: int
+) -> npt.NDArray[np.int64]:
+    if not 0 <= fill.episodes <= capacity:
+        raise ValueError(f"slot fill {fill} exceeds the slot's capacity")
+    return np.asarray(arrays["episode_opponent"][: fill.episodes], dtype=np.int64).copy()
 
 
 S_co = TypeVar("S_co", covariant=True)

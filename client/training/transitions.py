@@ -36,6 +36,9 @@ class LearnerTransitions:
     """float32 [B, *obs_shape] (uint8 for images): the observation k steps later."""
     discount: np.ndarray
     """float32 [B]: gamma**k to bootstrap with; 0.0 if the episode terminated."""
+    opponent: np.ndarray | None = None
+    """Two-player games: int64 [B], the league id of each transition's opponent (what the
+    experience exchange names); None elsewhere. The replay does not keep it."""
 
     def __len__(self) -> int:
         return int(self.action.shape[0])
@@ -72,6 +75,12 @@ class LearnerTransitions:
                     f"LearnerTransitions.{name} has shape {column.shape}, expected {shape} "
                     f"(batch size {size}, obs_shape {obs_shape})"
                 )
+        if self.opponent is not None and (
+            not isinstance(self.opponent, np.ndarray)
+            or self.opponent.dtype != np.int64
+            or self.opponent.shape != (size,)
+        ):
+            raise ValueError(f"LearnerTransitions.opponent must be int64 [{size}] or None")
         if size and self.action.min() < 0:
             raise ValueError(
                 f"LearnerTransitions.action holds a negative action {self.action.min()}"
@@ -92,6 +101,7 @@ class LearnerTransitions:
             reward=self.reward[index],
             next_obs=self.next_obs[index],
             discount=self.discount[index],
+            opponent=None if self.opponent is None else self.opponent[index],
         )
 
     @staticmethod
@@ -105,4 +115,9 @@ class LearnerTransitions:
             reward=np.concatenate([b.reward for b in batches]),
             next_obs=np.concatenate([b.next_obs for b in batches]),
             discount=np.concatenate([b.discount for b in batches]),
+            opponent=(
+                None
+                if any(b.opponent is None for b in batches)
+                else np.concatenate([b.opponent for b in batches if b.opponent is not None])
+            ),
         )

@@ -15,6 +15,8 @@ import fedrl.envs  # noqa: F401
 from fedrl.client.training.cnn import is_image
 from fedrl.client.training.obs_window import WindowedVectorEnv
 from fedrl.envs.atari import is_atari, is_atari_vector_env, make_atari_vector_env
+from fedrl.envs.board_games import is_two_player
+from fedrl.envs.two_player import Opponents, TwoPlayerVectorEnv
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,9 @@ class EnvShape:
     """Box actions: the lower bound of each dimension (empty for Discrete)."""
     action_high: tuple[float, ...] = ()
     """Box actions: the upper bound of each dimension (empty for Discrete)."""
+    action_mask: bool = False
+    """Observations end with the legal-action mask (two-player games,
+    fedrl.client.training.masking)."""
 
     @property
     def discrete(self) -> bool:
@@ -46,6 +51,7 @@ def make_vector_env(
     *,
     window: int = 0,
     render: bool = False,
+    opponents: Opponents | None = None,
 ) -> gym.vector.VectorEnv:
     """`num_envs` copies of `env_id` stepped as one batch, in this process.
 
@@ -60,10 +66,18 @@ def make_vector_env(
     `window` > 0 makes each observation the env's last `window` observations
     (fedrl.client.training.obs_window), for the transformer policy.
     Atari games (`ALE/...`) come preprocessed from ale-py's native vector env
-    (fedrl.envs.atari). `render`: `render()` gives each env's rgb_array frame.
+    (fedrl.envs.atari). Two-player games (`pettingzoo/...`) show the learner's
+    side (fedrl.envs.two_player), against `opponents` (uniform random when
+    None). `render`: `render()` gives each env's rgb_array frame.
     """
     if num_envs < 1:
         raise ValueError(f"need at least one env per batch, got {num_envs}")
+    if opponents is not None and not is_two_player(env_id):
+        raise ValueError(f"{env_id} is no two-player game: it has no opponents")
+    if is_two_player(env_id):
+        if data is not None or window:
+            raise ValueError(f"{env_id} takes no --data and no observation window")
+        return TwoPlayerVectorEnv(env_id, num_envs, opponents=opponents, render=render)
     if is_atari(env_id):
         if data is not None or window:
             raise ValueError(f"{env_id} takes no --data and no observation window")
@@ -112,7 +126,11 @@ def env_shape(env: gym.vector.VectorEnv, *, continuous: bool = False) -> EnvShap
         raise ValueError(f"expected a Box observation space (flat or image); got {obs_space}")
     obs_shape = tuple(int(d) for d in obs_space.shape)
     if isinstance(act_space, gym.spaces.Discrete):
-        return EnvShape(obs_shape=obs_shape, n_actions=int(act_space.n))
+        return EnvShape(
+            obs_shape=obs_shape,
+            n_actions=int(act_space.n),
+            action_mask=bool(env.metadata.get("action_mask", False)),
+        )
     if not continuous:
         raise ValueError(
             f"DQN needs a discrete action space; this env has {act_space} (use --algo ppo)"

@@ -47,6 +47,7 @@ def _session(state: pb.SessionState) -> dict[str, Any]:
         "rules": _rules(state),
         "participants": [_participant(p) for p in state.participants],
         "versions": [_version(v) for v in state.versions],
+        "ratings": [_rating(r) for r in state.ratings],
     }
 
 
@@ -90,6 +91,20 @@ def _version(state: pb.VersionState) -> dict[str, Any]:
         "eval_return": _optional(state, "eval_return"),
         "mean_return": _optional(state, "mean_return"),
         "checkpoint": state.checkpoint,
+        "rating": _optional(state, "rating"),
+        "rated_games": state.rated_games,
+    }
+
+
+def _rating(state: pb.PlayerRating) -> dict[str, Any]:
+    return {
+        "participant_id": state.participant_id,
+        "kind": state.kind,
+        "name": state.name,
+        "version": state.version,
+        "rating": state.rating if math.isfinite(state.rating) else None,
+        "games": state.games,
+        "reported_unix_ms": state.reported_unix_ms,
     }
 
 

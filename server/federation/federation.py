@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from fedrl.common.group_rules import GroupRules, RuleChoices, RulesError, refusal
@@ -29,6 +29,7 @@ from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
 from fedrl.server.config import ServerConfig
 from fedrl.server.experience.store import last_acknowledged
+from fedrl.server.federation import ratings
 from fedrl.server.federation.aggregator import (
     Aggregator,
     AlreadySeededError,
@@ -131,6 +132,7 @@ class Federation:
         """
         config.data_dir.mkdir(parents=True, exist_ok=True)
         runner = DbRunner(await asyncio.to_thread(StateDB, config.data_dir / DB_FILE))
+        await runner(lambda db: db.create_tables(ratings.SCHEMA))
         federation = cls(config, runner, strategy=strategy)
         await runner(lambda db: db.save_session_config(federation.session_config()))
         # Sessions created before sessions had rules ran by the clients' defaults of the
@@ -337,6 +339,25 @@ class Federation:
             session.notify()
             self._changed()
         return session.goal
+
+    # Ratings of two-player games.
+
+    async def report_ratings(
+        self, session_name: str, participant_id: str, reported: Sequence[pb.PlayerRating]
+    ) -> int:
+        """Store a member's newest ratings (federation/ratings.py); how many were stored."""
+        session = self.session(session_name)
+        pid = self.member(session, participant_id)
+        rows = ratings.checked(reported)
+        now = now_ms()
+
+        def write(db: StateDB) -> None:
+            with db.transaction() as conn:
+                ratings.record(conn, session.name, pid, rows, now)
+
+        await self._db(write)
+        self._changed()
+        return len(rows)
 
     def session(self, session_name: str) -> Session:
         """The session by name ('' is the default session); NotFoundError if none."""

@@ -329,6 +329,14 @@ class FederationServicer(pb_grpc.FederationServicer):
 
         return await self._guard(context, call)
 
+    async def ReportRatings(self, request: pb.RatingsReport, context: Context) -> pb.RatingsReply:
+        async def call() -> pb.RatingsReply:
+            pid = acting_as(context, request.participant_id)
+            stored = await self._federation.report_ratings(request.session, pid, request.ratings)
+            return pb.RatingsReply(stored=stored)
+
+        return await self._guard(context, call)
+
 
 async def _first_of(*events: asyncio.Event) -> None:
     waiters = [asyncio.ensure_future(event.wait()) for event in events]

@@ -2,8 +2,9 @@
 
 Above the features: it joins the federation's sessions, participants and
 versions (storage/state_db.py) with the population's members and lineage
-(population/records.py) and each participant's experience counts
-(experience/store.py), so storage never imports the parts that keep tables
+(population/records.py), each participant's experience counts
+(experience/store.py) and two-player games' ratings (federation/ratings.py),
+so storage never imports the parts that keep tables
 in it. The Status RPC, global_state.json, the dashboard and `fedrl-server
 status` all read this one view, so they cannot disagree.
 """
@@ -16,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from fedrl.common.group_rules_serde import rules_to_proto
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.server.experience.store import participant_counts
+from fedrl.server.federation import ratings
 from fedrl.server.federation.federation import Federation
 from fedrl.server.federation.session import goal_state
 from fedrl.server.names import now_ms
@@ -119,6 +121,8 @@ class StatusView:
             ).fetchall()
         )
         env_steps = self._env_steps_by_version(row.name)
+        rated = ratings.version_ratings(self._db.connection, row.name)
+        ratings.describe(self._db.connection, row.name, state)
         for version in self._db.version_rows(row.name, limit=max_versions):
             listed = state.versions.add(
                 version=version.version,
@@ -133,6 +137,8 @@ class StatusView:
                 listed.mean_return = version.mean_return
             if version.version in evals:
                 listed.eval_return = evals[version.version]
+            if version.version in rated:
+                listed.rating, listed.rated_games = rated[version.version]
             if version.version == state.best_version:
                 state.best_checkpoint = version.checkpoint
         if state.best_version >= 0 and not state.best_checkpoint:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from fedrl.proto.v1 import tensor_pb2 as fedrl_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x65\x64rl/v1/experience.proto\x12\x08\x66\x65\x64rl.v1\x1a\x15\x66\x65\x64rl/v1/tensor.proto\"\x8e\x02\n\x10\x45xperienceHeader\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x16\n\x0eparticipant_id\x18\x02 \x01(\t\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12\x15\n\renv_spec_hash\x18\x04 \x01(\t\x12\x13\n\x0btransitions\x18\x05 \x01(\r\x12\x0e\n\x06n_step\x18\x06 \x01(\r\x12\r\n\x05gamma\x18\x07 \x01(\x01\x12\x0e\n\x06\x63ursor\x18\t \x01(\x04\x12*\n\x0c\x63olumn_specs\x18\n \x03(\x0b\x32\x14.fedrl.v1.TensorSpec\x12)\n\x05\x62lock\x18\x0b \x01(\x0b\x32\x1a.fedrl.v1.TensorListHeaderJ\x04\x08\x08\x10\tR\x07\x63olumns\">\n\rExperienceEnd\x12\x13\n\x0bnext_cursor\x18\x01 \x01(\x04\x12\x18\n\x10transitions_sent\x18\x02 \x01(\r\"\x97\x01\n\x0f\x45xperienceChunk\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1a.fedrl.v1.ExperienceHeaderH\x00\x12&\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x15.fedrl.v1.TensorChunkH\x00\x12&\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x17.fedrl.v1.ExperienceEndH\x00\x42\x06\n\x04part\"P\n\rExperienceAck\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x11\n\tduplicate\x18\x02 \x01(\x08\x12\x1a\n\x12transitions_stored\x18\x03 \x01(\r\"<\n\x13PushExperienceReply\x12%\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x17.fedrl.v1.ExperienceAck\"\x89\x01\n\x15PullExperienceRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x16\n\x0eparticipant_id\x18\x02 \x01(\t\x12\x0e\n\x06\x63ursor\x18\x03 \x01(\x04\x12\x17\n\x0fmax_transitions\x18\x04 \x01(\r\x12\x1e\n\x05\x63odec\x18\x05 \x01(\x0e\x32\x0f.fedrl.v1.Codec2\xb2\x01\n\x12\x45xperienceExchange\x12L\n\x0ePushExperience\x12\x19.fedrl.v1.ExperienceChunk\x1a\x1d.fedrl.v1.PushExperienceReply(\x01\x12N\n\x0ePullExperience\x12\x1f.fedrl.v1.PullExperienceRequest\x1a\x19.fedrl.v1.ExperienceChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x65\x64rl/v1/experience.proto\x12\x08\x66\x65\x64rl.v1\x1a\x15\x66\x65\x64rl/v1/tensor.proto\"\xa1\x02\n\x10\x45xperienceHeader\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x16\n\x0eparticipant_id\x18\x02 \x01(\t\x12\x10\n\x08sequence\x18\x03 \x01(\x04\x12\x15\n\renv_spec_hash\x18\x04 \x01(\t\x12\x13\n\x0btransitions\x18\x05 \x01(\r\x12\x0e\n\x06n_step\x18\x06 \x01(\r\x12\r\n\x05gamma\x18\x07 \x01(\x01\x12\x0e\n\x06\x63ursor\x18\t \x01(\x04\x12*\n\x0c\x63olumn_specs\x18\n \x03(\x0b\x32\x14.fedrl.v1.TensorSpec\x12)\n\x05\x62lock\x18\x0b \x01(\x0b\x32\x1a.fedrl.v1.TensorListHeader\x12\x11\n\topponents\x18\x0c \x03(\tJ\x04\x08\x08\x10\tR\x07\x63olumns\">\n\rExperienceEnd\x12\x13\n\x0bnext_cursor\x18\x01 \x01(\x04\x12\x18\n\x10transitions_sent\x18\x02 \x01(\r\"\x97\x01\n\x0f\x45xperienceChunk\x12,\n\x06header\x18\x01 \x01(\x0b\x32\x1a.fedrl.v1.ExperienceHeaderH\x00\x12&\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x15.fedrl.v1.TensorChunkH\x00\x12&\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x17.fedrl.v1.ExperienceEndH\x00\x42\x06\n\x04part\"P\n\rExperienceAck\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x11\n\tduplicate\x18\x02 \x01(\x08\x12\x1a\n\x12transitions_stored\x18\x03 \x01(\r\"<\n\x13PushExperienceReply\x12%\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x17.fedrl.v1.ExperienceAck\"\x89\x01\n\x15PullExperienceRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x16\n\x0eparticipant_id\x18\x02 \x01(\t\x12\x0e\n\x06\x63ursor\x18\x03 \x01(\x04\x12\x17\n\x0fmax_transitions\x18\x04 \x01(\r\x12\x1e\n\x05\x63odec\x18\x05 \x01(\x0e\x32\x0f.fedrl.v1.Codec2\xb2\x01\n\x12\x45xperienceExchange\x12L\n\x0ePushExperience\x12\x19.fedrl.v1.ExperienceChunk\x1a\x1d.fedrl.v1.PushExperienceReply(\x01\x12N\n\x0ePullExperience\x12\x1f.fedrl.v1.PullExperienceRequest\x1a\x19.fedrl.v1.ExperienceChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,17 +33,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedrl.v1.experience_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EXPERIENCEHEADER']._serialized_start=63
-  _globals['_EXPERIENCEHEADER']._serialized_end=333
-  _globals['_EXPERIENCEEND']._serialized_start=335
-  _globals['_EXPERIENCEEND']._serialized_end=397
-  _globals['_EXPERIENCECHUNK']._serialized_start=400
-  _globals['_EXPERIENCECHUNK']._serialized_end=551
-  _globals['_EXPERIENCEACK']._serialized_start=553
-  _globals['_EXPERIENCEACK']._serialized_end=633
-  _globals['_PUSHEXPERIENCEREPLY']._serialized_start=635
-  _globals['_PUSHEXPERIENCEREPLY']._serialized_end=695
-  _globals['_PULLEXPERIENCEREQUEST']._serialized_start=698
-  _globals['_PULLEXPERIENCEREQUEST']._serialized_end=835
-  _globals['_EXPERIENCEEXCHANGE']._serialized_start=838
-  _globals['_EXPERIENCEEXCHANGE']._serialized_end=1016
+  _globals['_EXPERIENCEHEADER']._serialized_end=352
+  _globals['_EXPERIENCEEND']._serialized_start=354
+  _globals['_EXPERIENCEEND']._serialized_end=416
+  _globals['_EXPERIENCECHUNK']._serialized_start=419
+  _globals['_EXPERIENCECHUNK']._serialized_end=570
+  _globals['_EXPERIENCEACK']._serialized_start=572
+  _globals['_EXPERIENCEACK']._serialized_end=652
+  _globals['_PUSHEXPERIENCEREPLY']._serialized_start=654
+  _globals['_PUSHEXPERIENCEREPLY']._serialized_end=714
+  _globals['_PULLEXPERIENCEREQUEST']._serialized_start=717
+  _globals['_PULLEXPERIENCEREQUEST']._serialized_end=854
+  _globals['_EXPERIENCEEXCHANGE']._serialized_start=857
+  _globals['_EXPERIENCEEXCHANGE']._serialized_end=1035
 # @@protoc_insertion_point(module_scope)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ExperienceHeader(_message.Message):
-    __slots__ = ("session", "participant_id", "sequence", "env_spec_hash", "transitions", "n_step", "gamma", "cursor", "column_specs", "block")
+    __slots__ = ("session", "participant_id", "sequence", "env_spec_hash", "transitions", "n_step", "gamma", "cursor", "column_specs", "block", "opponents")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class ExperienceHeader(_message.Message):
     CURSOR_FIELD_NUMBER: _ClassVar[int]
     COLUMN_SPECS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_FIELD_NUMBER: _ClassVar[int]
+    OPPONENTS_FIELD_NUMBER: _ClassVar[int]
     session: str
     participant_id: str
     sequence: int
@@ -29,7 +30,8 @@ class ExperienceHeader(_message.Message):
     cursor: int
     column_specs: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.TensorSpec]
     block: _tensor_pb2.TensorListHeader
-    def __init__(self, session: _Optional[str] = ..., participant_id: _Optional[str] = ..., sequence: _Optional[int] = ..., env_spec_hash: _Optional[str] = ..., transitions: _Optional[int] = ..., n_step: _Optional[int] = ..., gamma: _Optional[float] = ..., cursor: _Optional[int] = ..., column_specs: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., block: _Optional[_Union[_tensor_pb2.TensorListHeader, _Mapping]] = ...) -> None: ...
+    opponents: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session: _Optional[str] = ..., participant_id: _Optional[str] = ..., sequence: _Optional[int] = ..., env_spec_hash: _Optional[str] = ..., transitions: _Optional[int] = ..., n_step: _Optional[int] = ..., gamma: _Optional[float] = ..., cursor: _Optional[int] = ..., column_specs: _Optional[_Iterable[_Union[_tensor_pb2.TensorSpec, _Mapping]]] = ..., block: _Optional[_Union[_tensor_pb2.TensorListHeader, _Mapping]] = ..., opponents: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ExperienceEnd(_message.Message):
     __slots__ = ("next_cursor", "transitions_sent")

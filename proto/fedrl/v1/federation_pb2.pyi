@@ -300,7 +300,7 @@ class ParticipantState(_message.Message):
     def __init__(self, participant_id: _Optional[str] = ..., first_seen_unix_ms: _Optional[int] = ..., last_seen_unix_ms: _Optional[int] = ..., status: _Optional[str] = ..., episodes: _Optional[int] = ..., env_steps: _Optional[int] = ..., updates_accepted: _Optional[int] = ..., updates_rejected: _Optional[int] = ..., updates_duplicate: _Optional[int] = ..., experience_batches: _Optional[int] = ..., experience_rejected: _Optional[int] = ..., best_eval_return: _Optional[float] = ..., data_source: _Optional[str] = ..., synthetic_data: _Optional[bool] = ...) -> None: ...
 
 class VersionState(_message.Message):
-    __slots__ = ("version", "parent", "created_unix_ms", "contributors", "max_staleness", "eval_return", "mean_return", "checkpoint", "env_steps")
+    __slots__ = ("version", "parent", "created_unix_ms", "contributors", "max_staleness", "eval_return", "mean_return", "checkpoint", "env_steps", "rating", "rated_games")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
@@ -310,6 +310,8 @@ class VersionState(_message.Message):
     MEAN_RETURN_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
+    RATING_FIELD_NUMBER: _ClassVar[int]
+    RATED_GAMES_FIELD_NUMBER: _ClassVar[int]
     version: int
     parent: int
     created_unix_ms: int
@@ -319,10 +321,12 @@ class VersionState(_message.Message):
     mean_return: float
     checkpoint: str
     env_steps: int
-    def __init__(self, version: _Optional[int] = ..., parent: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., contributors: _Optional[_Iterable[str]] = ..., max_staleness: _Optional[int] = ..., eval_return: _Optional[float] = ..., mean_return: _Optional[float] = ..., checkpoint: _Optional[str] = ..., env_steps: _Optional[int] = ...) -> None: ...
+    rating: float
+    rated_games: int
+    def __init__(self, version: _Optional[int] = ..., parent: _Optional[int] = ..., created_unix_ms: _Optional[int] = ..., contributors: _Optional[_Iterable[str]] = ..., max_staleness: _Optional[int] = ..., eval_return: _Optional[float] = ..., mean_return: _Optional[float] = ..., checkpoint: _Optional[str] = ..., env_steps: _Optional[int] = ..., rating: _Optional[float] = ..., rated_games: _Optional[int] = ...) -> None: ...
 
 class SessionState(_message.Message):
-    __slots__ = ("session", "spec_hash", "env_id", "goal", "env_steps", "current_version", "best_eval_return", "best_version", "best_checkpoint", "active_participants", "participants", "versions", "config", "updates_quarantined", "mode", "members", "lineage")
+    __slots__ = ("session", "spec_hash", "env_id", "goal", "env_steps", "current_version", "best_eval_return", "best_version", "best_checkpoint", "active_participants", "participants", "versions", "config", "updates_quarantined", "mode", "members", "lineage", "ratings")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
@@ -340,6 +344,7 @@ class SessionState(_message.Message):
     MODE_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    RATINGS_FIELD_NUMBER: _ClassVar[int]
     session: str
     spec_hash: str
     env_id: str
@@ -357,7 +362,8 @@ class SessionState(_message.Message):
     mode: str
     members: _containers.RepeatedCompositeFieldContainer[MemberState]
     lineage: _containers.RepeatedCompositeFieldContainer[MemberGeneration]
-    def __init__(self, session: _Optional[str] = ..., spec_hash: _Optional[str] = ..., env_id: _Optional[str] = ..., goal: _Optional[_Union[GoalState, _Mapping]] = ..., env_steps: _Optional[int] = ..., current_version: _Optional[int] = ..., best_eval_return: _Optional[float] = ..., best_version: _Optional[int] = ..., best_checkpoint: _Optional[str] = ..., active_participants: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[ParticipantState, _Mapping]]] = ..., versions: _Optional[_Iterable[_Union[VersionState, _Mapping]]] = ..., config: _Optional[_Union[SessionConfig, _Mapping]] = ..., updates_quarantined: _Optional[int] = ..., mode: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberState, _Mapping]]] = ..., lineage: _Optional[_Iterable[_Union[MemberGeneration, _Mapping]]] = ...) -> None: ...
+    ratings: _containers.RepeatedCompositeFieldContainer[PlayerRating]
+    def __init__(self, session: _Optional[str] = ..., spec_hash: _Optional[str] = ..., env_id: _Optional[str] = ..., goal: _Optional[_Union[GoalState, _Mapping]] = ..., env_steps: _Optional[int] = ..., current_version: _Optional[int] = ..., best_eval_return: _Optional[float] = ..., best_version: _Optional[int] = ..., best_checkpoint: _Optional[str] = ..., active_participants: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[ParticipantState, _Mapping]]] = ..., versions: _Optional[_Iterable[_Union[VersionState, _Mapping]]] = ..., config: _Optional[_Union[SessionConfig, _Mapping]] = ..., updates_quarantined: _Optional[int] = ..., mode: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberState, _Mapping]]] = ..., lineage: _Optional[_Iterable[_Union[MemberGeneration, _Mapping]]] = ..., ratings: _Optional[_Iterable[_Union[PlayerRating, _Mapping]]] = ...) -> None: ...
 
 class MemberState(_message.Message):
     __slots__ = ("participant_id", "generation", "hyperparameters", "score", "env_steps", "episodes", "rankings", "checkpoint", "last_report_unix_ms", "adopting")
@@ -450,6 +456,40 @@ class VersionNotice(_message.Message):
     active_participants: int
     pushing_participants: int
     def __init__(self, session: _Optional[str] = ..., current_version: _Optional[int] = ..., goal: _Optional[_Union[GoalState, _Mapping]] = ..., active_participants: _Optional[int] = ..., pushing_participants: _Optional[int] = ...) -> None: ...
+
+class PlayerRating(_message.Message):
+    __slots__ = ("kind", "name", "version", "rating", "games", "participant_id", "reported_unix_ms")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RATING_FIELD_NUMBER: _ClassVar[int]
+    GAMES_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    name: str
+    version: int
+    rating: float
+    games: int
+    participant_id: str
+    reported_unix_ms: int
+    def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., version: _Optional[int] = ..., rating: _Optional[float] = ..., games: _Optional[int] = ..., participant_id: _Optional[str] = ..., reported_unix_ms: _Optional[int] = ...) -> None: ...
+
+class RatingsReport(_message.Message):
+    __slots__ = ("session", "participant_id", "ratings")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
+    RATINGS_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    participant_id: str
+    ratings: _containers.RepeatedCompositeFieldContainer[PlayerRating]
+    def __init__(self, session: _Optional[str] = ..., participant_id: _Optional[str] = ..., ratings: _Optional[_Iterable[_Union[PlayerRating, _Mapping]]] = ...) -> None: ...
+
+class RatingsReply(_message.Message):
+    __slots__ = ("stored",)
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    stored: int
+    def __init__(self, stored: _Optional[int] = ...) -> None: ...
 
 class RaiseGoalRequest(_message.Message):
     __slots__ = ("session", "participant_id", "total_episodes")

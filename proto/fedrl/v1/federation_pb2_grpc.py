@@ -79,6 +79,11 @@ class FederationStub:
                 request_serializer=fedrl_dot_v1_dot_federation__pb2.RaiseGoalRequest.SerializeToString,
                 response_deserializer=fedrl_dot_v1_dot_federation__pb2.GoalState.FromString,
                 _registered_method=True)
+        self.ReportRatings = channel.unary_unary(
+                '/fedrl.v1.Federation/ReportRatings',
+                request_serializer=fedrl_dot_v1_dot_federation__pb2.RatingsReport.SerializeToString,
+                response_deserializer=fedrl_dot_v1_dot_federation__pb2.RatingsReply.FromString,
+                _registered_method=True)
 
 
 class FederationServicer:
@@ -152,6 +157,17 @@ class FederationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportRatings(self, request, context):
+        """Two-player games: the caller's Elo ratings of the players it met (its
+        learner, its snapshots, the session's global versions, the fixed
+        players), from the games it played. The server keeps each participant's
+        newest rating of each player and shows them in Status, a version's
+        rating there being the games-weighted mean of its raters'.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FederationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -199,6 +215,11 @@ def add_FederationServicer_to_server(servicer, server):
                     servicer.RaiseGoal,
                     request_deserializer=fedrl_dot_v1_dot_federation__pb2.RaiseGoalRequest.FromString,
                     response_serializer=fedrl_dot_v1_dot_federation__pb2.GoalState.SerializeToString,
+            ),
+            'ReportRatings': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportRatings,
+                    request_deserializer=fedrl_dot_v1_dot_federation__pb2.RatingsReport.FromString,
+                    response_serializer=fedrl_dot_v1_dot_federation__pb2.RatingsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -444,6 +465,33 @@ class Federation:
             '/fedrl.v1.Federation/RaiseGoal',
             fedrl_dot_v1_dot_federation__pb2.RaiseGoalRequest.SerializeToString,
             fedrl_dot_v1_dot_federation__pb2.GoalState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportRatings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedrl.v1.Federation/ReportRatings',
+            fedrl_dot_v1_dot_federation__pb2.RatingsReport.SerializeToString,
+            fedrl_dot_v1_dot_federation__pb2.RatingsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -114,7 +114,40 @@ function renderSession(s, now) {
     curve(s.versions),
     el("h3", {}, `Versions (newest ${Math.min(VERSION_ROWS, s.versions.length)})`),
     versionsTable(s.versions.slice(0, VERSION_ROWS)),
+    ...(s.ratings.length ? ratingsPart(s, now) : []),
   );
+}
+
+// Two-player games: every rating participants reported, and the versions' ratings.
+
+function ratingsPart(s, now) {
+  return [
+    el("h3", {}, "Global versions: Elo rating against version"),
+    ratingCurve(s.versions),
+    el("h3", {}, "Ratings (Elo; the uniform random player is 0)"),
+    ratingsTable(s.ratings, now),
+  ];
+}
+
+function ratingsTable(ratings, now) {
+  const head = ["participant", "player", "kind", "rating", "games", "reported"];
+  const rows = ratings.map((r) =>
+    el(
+      "tr",
+      { "data-participant": r.participant_id, "data-player": r.name },
+      el("th", { scope: "row", class: "id" }, r.participant_id),
+      cell(r.name, r.name),
+      cell(r.kind, r.kind),
+      cell(String(Math.round(r.rating)), r.rating, "num"),
+      cell(count(r.games), r.games, "num"),
+      el(
+        "td",
+        { "data-value": r.reported_unix_ms, title: when(r.reported_unix_ms), class: "seen" },
+        ago(r.reported_unix_ms, now),
+      ),
+    ),
+  );
+  return table("ratings", head, rows, "no ratings reported yet");
 }
 
 function figure(label, value) {
@@ -219,8 +252,7 @@ function curve(versions) {
     { name: "eval", label: "greedy evaluation of the global model", key: "eval_return" },
     { name: "mean", label: "mean training return of its updates", key: "mean_return" },
   ].map((s) => ({ ...s, points: ordered.filter((v) => v[s.key] !== null) }));
-  const all = series.flatMap((s) => s.points.map((v) => v[s.key]));
-  if (!series[0].points.length && !series[1].points.length) {
+  if (!series.some((s) => s.points.length)) {
     return el(
       "p",
       { class: "curve empty" },
@@ -228,8 +260,39 @@ function curve(versions) {
         "(every --eval-interval env steps).",
     );
   }
+  return lineChart(series, {
+    x: (v) => v.env_steps,
+    xLabel: "env steps",
+    ariaLabel: "learning curve",
+    title: (v, y) => `v${v.version}: ${decimal(y)} at ${count(v.env_steps)} env steps`,
+  });
+}
+
+// Two-player games: each version's Elo rating against its number.
+
+function ratingCurve(versions) {
+  const series = [{
+    name: "rating",
+    label: "Elo rating of the global version (games-weighted over its raters)",
+    key: "rating",
+    points: versions.slice().reverse().filter((v) => v.rating !== null),
+  }];
+  if (!series[0].points.length) {
+    return el("p", { class: "curve empty" }, "No version rated yet.");
+  }
+  return lineChart(series, {
+    x: (v) => v.version,
+    xLabel: "version",
+    ariaLabel: "rating over versions",
+    title: (v, y) => `v${v.version}: ${Math.round(y)} Elo from ${count(v.rated_games)} games`,
+  });
+}
+
+function lineChart(series, axes) {
   const c = CURVE;
-  const xMax = Math.max(1, ...ordered.map((v) => v.env_steps));
+  const all = series.flatMap((s) => s.points.map((v) => v[s.key]));
+  const xs = series.flatMap((s) => s.points.map(axes.x));
+  const xMax = Math.max(1, ...xs);
   const yTicks = niceTicks(Math.min(0, ...all), Math.max(1, ...all), 5);
   const yLo = yTicks[0];
   const yHi = yTicks[yTicks.length - 1];
@@ -249,23 +312,23 @@ function curve(versions) {
         svg("text", { x: px(t), y: c.height - c.bottom + 16, "text-anchor": "middle" }, compact(t))),
     ),
     svg("text", { class: "axis", x: (c.width + c.left) / 2, y: c.height - 4, "text-anchor": "middle" },
-      "env steps"),
+      axes.xLabel),
   ];
   const drawn = series.map((s) =>
     svg(
       "g",
       { class: `series ${s.name}` },
       svg("polyline", {
-        points: s.points.map((v) => `${px(v.env_steps)},${py(v[s.key])}`).join(" "),
+        points: s.points.map((v) => `${px(axes.x(v))},${py(v[s.key])}`).join(" "),
       }),
       ...s.points.map((v) =>
         svg(
           "circle",
           {
-            cx: px(v.env_steps), cy: py(v[s.key]), r: 3.5,
+            cx: px(axes.x(v)), cy: py(v[s.key]), r: 3.5,
             "data-version": v.version, "data-env-steps": v.env_steps, "data-value": v[s.key],
           },
-          svg("title", {}, `v${v.version}: ${decimal(v[s.key])} at ${count(v.env_steps)} env steps`),
+          svg("title", {}, axes.title(v, v[s.key])),
         ),
       ),
     ),
@@ -280,7 +343,7 @@ function curve(versions) {
     { class: "curve" },
     svg(
       "svg",
-      { viewBox: `0 0 ${c.width} ${c.height}`, role: "img", "aria-label": "learning curve" },
+      { viewBox: `0 0 ${c.width} ${c.height}`, role: "img", "aria-label": axes.ariaLabel },
       ...grid,
       ...drawn,
     ),
