@@ -235,7 +235,7 @@ def test_population_and_averaging_sessions_refuse_each_others_calls(tmp_path: Pa
     assert "never push weight deltas" in outcomes["push"][1]
     assert outcomes["pbt join elsewhere"][0] == grpc.StatusCode.FAILED_PRECONDITION
     assert outcomes["enroll without lr"][0] == grpc.StatusCode.INVALID_ARGUMENT
-    assert "enrolls with lr, gamma" in outcomes["enroll without lr"][1]
+    assert "enrolls with lr, replay_ratio, n_step" in outcomes["enroll without lr"][1]
     assert outcomes["report before enrolling"][0] == grpc.StatusCode.FAILED_PRECONDITION
     assert outcomes["generation ahead"][0] == grpc.StatusCode.INVALID_ARGUMENT
     assert outcomes["wrong shape"][0] == grpc.StatusCode.INVALID_ARGUMENT

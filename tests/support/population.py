@@ -23,7 +23,14 @@ from fedrl.proto.v1 import population_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
 from tests.support.server_harness import channel, metadata, named
 
-DQN_VALUES = {"lr": 1e-3, "gamma": 0.99, "exploration_base": 0.4, "target_update_interval": 500.0}
+DQN_VALUES = {
+    "lr": 1e-3,
+    "replay_ratio": 0.5,
+    "n_step": 3.0,
+    "target_update_interval": 500.0,
+    "gamma": 0.99,
+    "exploration_base": 0.4,
+}
 """A DQN member's hyperparameters: the defaults, each inside its search range."""
 
 
