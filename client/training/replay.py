@@ -35,6 +35,10 @@ class Replay(Protocol):
 
     def update_priorities(self, indices: np.ndarray, td_abs: np.ndarray) -> None: ...
 
+    def recent(self, count: int) -> LearnerTransitions:
+        """The newest `count` transitions (all it holds, if fewer), oldest first."""
+        ...
+
     @property
     def nbytes(self) -> int:
         """Memory the replay holds."""
@@ -203,6 +207,20 @@ class PrioritizedReplay(ReplayStore):
             self._tree.set(slots, np.full(slots.shape[0], self._max_priority))
         self._next = int((self._next + count) % self._capacity)
         self._size = min(self._capacity, self._size + count)
+
+    def recent(self, count: int) -> LearnerTransitions:
+        """The newest `count` transitions (all it holds, if fewer), oldest first: copies."""
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        count = min(count, self._size)
+        slots = (self._next - count + np.arange(count)) % self._capacity
+        return LearnerTransitions(
+            obs=self._obs[slots],
+            action=self._action[slots],
+            reward=self._reward[slots],
+            next_obs=self._next_obs[slots],
+            discount=self._discount[slots],
+        )
 
     def sample(self, batch_size: int, beta: float) -> SampledBatch:
         """Draw batch_size transitions (with replacement) and their weights."""
