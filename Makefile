@@ -14,6 +14,10 @@ PYTEST_ARGS ?=
 EXTRAS := dev,plot,export,atari,video,box2d,bench
 INSTALL_EXTRAS := dev,plot,export,atari,video
 
+# The benchmarks run with -m (and type-checked); every other bench/*.py is a script.
+BENCH_MODULES := bench.federation bench.federation_sim
+BENCH_SCRIPTS := $(filter-out bench/__init__.py bench/federation_sim.py,$(wildcard bench/*.py))
+
 .PHONY: install lock browser test test-all proto proto-check lint fmt typecheck bench demo clean
 
 install: $(STAMP)
@@ -83,14 +87,20 @@ typecheck: install
 	rm -rf $(TYPECHECK_DIR) && mkdir -p $(TYPECHECK_DIR)/fedrl
 	for d in server client common envs; do ln -s ../../../$$d $(TYPECHECK_DIR)/fedrl/$$d; done
 	ln -s ../../../proto/fedrl $(TYPECHECK_DIR)/fedrl/proto
+	ln -s ../../bench $(TYPECHECK_DIR)/bench
 	cd $(TYPECHECK_DIR) && ../../$(BIN)/mypy --config-file ../../pyproject.toml \
-		-p fedrl.common -p fedrl.server -p fedrl.client -p fedrl.envs
+		-p fedrl.common -p fedrl.server -p fedrl.client -p fedrl.envs \
+		$(foreach m,$(BENCH_MODULES),-p $(m))
 
 # Each benchmark's short mode; run one with no flag for the full figures.
-# The baselines (Stable-Baselines3) come from the bench extra.
+# The baselines (Stable-Baselines3) come from the bench extra. The federation
+# benchmarks are modules of the bench package, run from the repository root
+# with -m; the others are scripts.
 bench: install
 	$(PIP) --no-build-isolation -e '.[bench]'
-	@for b in bench/*.py; do echo "== $$b --quick"; $(BIN)/python $$b --quick || exit 1; done
+	@for b in $(BENCH_SCRIPTS); do echo "== $$b --quick"; $(BIN)/python $$b --quick || exit 1; done
+	@for m in $(BENCH_MODULES); do echo "== python -m $$m --quick"; \
+		$(BIN)/python -m $$m --quick || exit 1; done
 
 # The main job: a server on localhost and two participants training
 # CartPole-v1 together until a modest goal; ends with the status table.

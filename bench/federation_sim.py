@@ -1,6 +1,6 @@
 """Federation without a network: N of the product's engines in one process, in lock step.
 
-bench/federation.py measures the product end to end, and its figures move
+bench.federation measures the product end to end, and its figures move
 with timing: when a push lands, how far one participant ran ahead of
 another, how bursty the others' data arrives. This bench asks the question
 underneath — which arrangement of data and weights lets a group learn
@@ -37,7 +37,7 @@ global version would hold) at every `--mark` per-participant env steps,
 with `--eval-episodes` greedy episodes on evaluation envs of the bench's,
 seeded per run seed, so every arrangement of a seed is scored on the same
 episode starts. "Reached" is the target at two consecutive marks, as in
-bench/federation.py (its functions). Marks should not come more often than
+bench.federation (its scoring and statistics). Marks should not come more often than
 a round of every arrangement: two marks inside one round would score the
 same weights twice (a mark of 256 with 16 envs per participant: a round is
 128 steps, wide's 128 per participant too).
@@ -51,62 +51,68 @@ task's, 12,000 on CartPole), the others `--budget`: a group that should
 get there in a fraction of a lone learner's steps needs only that
 fraction, and a lone learner cut short has no median to compare with.
 
-Figures per arrangement, over seeds: solved k/seeds, the median
-per-participant env steps to target (an unsolved seed counts as never),
-its speed-up over offline's beside the issue's 0.8·N, the mean score over
-all marks (how fast it learns even below the target), gradient updates per
-own env step, and CPU seconds per participant (the process's training,
-scoring left out, divided by N). The last line of stdout is one JSON
-object with every figure.
+Figures per arrangement, over seeds: solved k/seeds, the interquartile
+mean of per-participant env steps to target (an unsolved seed counted at
+its budget) with its 95 % interval, its speed-up over offline's with its
+interval ("no measurable gain" where that holds 1) beside the issue's 0.8·N,
+the IQM of the mean score over all marks (how fast it learns even below
+the target), gradient updates per own env step, and CPU seconds per
+participant (the process's training, scoring left out, divided by N). The
+statistics are bench.federation's (docs/federation-benchmark.md). The last
+line of stdout is one JSON object with every figure.
 
-Usage:
-  .venv/bin/python bench/federation_sim.py --arrangements roles wide --n 4 --budget 6000
-  .venv/bin/python bench/federation_sim.py --arrangements roles --n 4 --delay 4 --seeds $(seq 0 9)
-  .venv/bin/python bench/federation_sim.py --arrangements wide experience --n 2 --budget 8000
-  .venv/bin/python bench/federation_sim.py --arrangements wide --n 4 --budget 6000 --learner lr=5e-4
+Usage (from the repository root):
+  .venv/bin/python -m bench.federation_sim --quick
+  .venv/bin/python -m bench.federation_sim --arrangements roles wide --n 4 --budget 6000
+  .venv/bin/python -m bench.federation_sim --arrangements roles --n 4 --delay 4 --seeds $(seq 0 9)
+  .venv/bin/python -m bench.federation_sim --arrangements wide experience --n 2 --budget 8000
+  .venv/bin/python -m bench.federation_sim --arrangements wide --n 4 --budget 6000 \\
+      --learner lr=5e-4
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
+import functools
 import json
-import statistics
 import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
-from types import ModuleType
-from typing import Any, Literal
+from statistics import fmean, median
+from typing import Literal
 
 import numpy as np
 import torch
 
+from bench.federation.participant import engine_configs, initial_weights, participant_seed
+from bench.federation.scoring import evaluator, reached_at
+from bench.federation.settings import (
+    EXCHANGE,
+    QUICK,
+    TASKS,
+    Settings,
+    Task,
+    learner_overrides,
+    name_value,
+)
+from bench.federation.statistics import (
+    Estimate,
+    describe,
+    describe_speedup,
+    iqm_interval,
+    ratio_interval,
+)
 from fedrl.client.training.engine import TrainingEngine
-from fedrl.client.training.evaluation import Evaluator, Scorer
+from fedrl.client.training.evaluation import Scorer
 from fedrl.client.training.learner_config import TARGET_AT_ADOPTION, LearnerConfig, TargetAtAdoption
 from fedrl.client.training.transitions import LearnerTransitions
 
-
-def _load_federation_bench() -> ModuleType:
-    """bench/federation.py, for its settings, seeds and figures: one definition of "reached"."""
-    path = Path(__file__).resolve().parent / "federation.py"
-    spec = importlib.util.spec_from_file_location("fedrl_bench_federation", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # Dataclasses resolve their annotations through sys.modules.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-federation = _load_federation_bench()
-
 Arrangement = Literal["offline", "experience", "both", "roles", "wide"]
 ARRANGEMENTS: tuple[Arrangement, ...] = ("offline", "experience", "both", "roles", "wide")
+QUICK_ARRANGEMENTS: tuple[Arrangement, ...] = ("both", "wide")
 Weights = list[tuple[str, np.ndarray]]
 
 
@@ -114,8 +120,8 @@ Weights = list[tuple[str, np.ndarray]]
 class SimSettings:
     """What every run of one invocation shares."""
 
-    task: Any = federation.TASKS["cartpole"]
-    """bench/federation.py's Task: env, target, budget and marks."""
+    task: Task = TASKS["cartpole"]
+    """The task: env, target, budget and marks."""
     n: int = 2
     """Participants (wide: N times one participant's envs)."""
     delay: int = 0
@@ -124,7 +130,7 @@ class SimSettings:
     """Rounds between model averaging (both) or the learner's model reaching the actors (roles)."""
     target_at_adoption: TargetAtAdoption = "shift"
     """What an adopting learner's target network does (both)."""
-    foreign_credit: float = federation._EXCHANGE.foreign_credit
+    foreign_credit: float = EXCHANGE.foreign_credit
     """Replay-ratio credit of a received transition (the client's default)."""
     offline_budget: int | None = None
     """Env steps of the offline reference; None: the task's budget. A lone learner needs more
@@ -152,7 +158,7 @@ class SimSettings:
                 )
         if self.target_at_adoption not in TARGET_AT_ADOPTION:
             raise ValueError(f"target_at_adoption must be one of {TARGET_AT_ADOPTION}")
-        federation.learner_overrides(LearnerConfig(), self.learner)
+        learner_overrides(LearnerConfig(), self.learner)
 
     def marks(self, arrangement: Arrangement) -> list[int]:
         """Per-participant env steps at which a run of `arrangement` is scored."""
@@ -171,6 +177,8 @@ class SimRun:
     seed: int
     returns: list[float]
     """Score at every mark."""
+    budget: int
+    """Per-participant env steps of its last mark: where an unsolved seed is counted."""
     reached: int | None
     """Per-participant env steps to target (the first of two marks), None if never."""
     updates_per_step: float
@@ -179,6 +187,10 @@ class SimRun:
     """CPU seconds per participant."""
     foreign_received: int
     """Transitions that reached participant 0's replay from the others."""
+
+    def steps_or(self, unsolved: int) -> int:
+        """Steps to target, an unsolved run counted at `unsolved` (its budget or more)."""
+        return unsolved if self.reached is None else self.reached
 
 
 class Exchange:
@@ -218,7 +230,7 @@ def run(arrangement: Arrangement, seed: int, settings: SimSettings) -> SimRun:
     n = 1 if arrangement in ("offline", "wide") else settings.n
     per_participant = settings.n if arrangement == "wide" else 1
     bench_settings = replace(
-        federation.Settings(),
+        Settings(),
         env=settings.task.env,
         envs_per_participant=settings.envs_per_participant * per_participant,
         learner=settings.learner,
@@ -226,26 +238,19 @@ def run(arrangement: Arrangement, seed: int, settings: SimSettings) -> SimRun:
     learns = [arrangement != "roles" or index == 0 for index in range(n)]
     engines: list[TrainingEngine] = []
     for index in range(n):
-        engine_config, learner = federation.engine_configs(
-            bench_settings, federation.participant_seed(seed, index)
-        )
+        engine_config, learner = engine_configs(bench_settings, participant_seed(seed, index))
         engines.append(TrainingEngine(engine_config, learner, learn=learns[index]))
-    initial = federation.initial_weights(bench_settings, seed, "dqn")
+    initial = initial_weights(bench_settings, seed, "dqn")
     exchange = Exchange(learns, settings.delay)
     for index, engine in enumerate(engines):
         engine.set_weights(initial, target="reset")
         if arrangement in ("experience", "both", "roles"):
-            engine.on_batch(lambda batch, sender=index: exchange.send(sender, batch))
+            engine.on_batch(functools.partial(exchange.send, index))
         engine.start()
     # A network of its own: Scorer loads each scored model into it.
     scorer = Scorer(
         copy.deepcopy(engines[0].learner.online),
-        Evaluator(
-            settings.task.env,
-            episodes=settings.eval_episodes,
-            seed=np.random.SeedSequence([seed, 7_919]),
-            max_steps=100_000,
-        ),
+        evaluator(settings.task.env, settings.eval_episodes, seed),
     )
     marks = iter(settings.marks(arrangement))
     next_mark = next(marks, None)
@@ -279,7 +284,7 @@ def run(arrangement: Arrangement, seed: int, settings: SimSettings) -> SimRun:
                     flush=True,
                 )
                 next_mark = next(marks, None)
-        # Training's CPU only, as bench/federation.py counts it: scoring is the bench's.
+        # Training's CPU only, as bench.federation counts it: scoring is the bench's.
         cpu = (time.process_time() - cpu_start - scoring_cpu) / (n * per_participant)
         updates = [e.learner.updates / e.counters.env_steps for e in engines]
         received = engines[0].foreign_received
@@ -287,14 +292,16 @@ def run(arrangement: Arrangement, seed: int, settings: SimSettings) -> SimRun:
         scorer.close()
         for engine in engines:
             engine.close()
-    index = federation.reached_at(returns, settings.task.target)
+    first = reached_at(returns, settings.task.target)
+    scored_at = settings.marks(arrangement)
     return SimRun(
         arrangement=arrangement,
         n=settings.n if arrangement != "offline" else 1,
         seed=seed,
         returns=returns,
-        reached=None if index is None else settings.marks(arrangement)[index],
-        updates_per_step=statistics.fmean(updates),
+        budget=scored_at[-1],
+        reached=None if first is None else scored_at[first],
+        updates_per_step=fmean(updates),
         cpu_seconds=cpu,
         foreign_received=received,
     )
@@ -315,41 +322,51 @@ def _share_models(
 
 @dataclass(frozen=True)
 class SimSummary:
+    """One arrangement over its seeds."""
+
     arrangement: Arrangement
     n: int
     solved: int
     seeds: int
-    median_steps: float | None
-    speedup: float | None
-    mean_score: float
+    steps: Estimate
+    """IQM of per-participant env steps to target, unsolved seeds at the budget."""
+    speedup: Estimate | None
+    """Offline's IQM steps over this one's (None for offline itself, or without it)."""
+    mean_score: Estimate
+    """IQM of the mean score over the marks."""
     updates_per_step: float
     cpu_seconds: float
 
 
 def summarise(runs: Sequence[SimRun]) -> list[SimSummary]:
-    """One row per arrangement, in ARRANGEMENTS order; speed-ups against offline's median."""
+    """One row per arrangement, in ARRANGEMENTS order; speed-ups against offline's IQM. An
+    unsolved seed counts at its budget, a group's at offline's where that is longer: a group
+    that stops sooner gains nothing by stopping (as in bench.federation)."""
     by_arrangement: dict[Arrangement, list[SimRun]] = {}
     for r in runs:
         by_arrangement.setdefault(r.arrangement, []).append(r)
-    offline = by_arrangement.get("offline", [])
-    reference = federation.median_or_none([r.reached for r in offline]) if offline else None
+    offline_runs = by_arrangement.get("offline", [])
+    offline = [r.steps_or(r.budget) for r in offline_runs]
+    longest_offline = max((r.budget for r in offline_runs), default=0)
     rows = []
     for arrangement in ARRANGEMENTS:
         group = by_arrangement.get(arrangement)
         if not group:
             continue
-        median = federation.median_or_none([r.reached for r in group])
+        steps = [r.steps_or(max(r.budget, longest_offline)) for r in group]
         rows.append(
             SimSummary(
                 arrangement=arrangement,
                 n=group[0].n,
                 solved=sum(r.reached is not None for r in group),
                 seeds=len(group),
-                median_steps=median,
-                speedup=federation.ratio(reference, median),
-                mean_score=statistics.fmean(statistics.fmean(r.returns) for r in group),
-                updates_per_step=statistics.median(r.updates_per_step for r in group),
-                cpu_seconds=statistics.median(r.cpu_seconds for r in group),
+                steps=iqm_interval(steps),
+                speedup=(
+                    ratio_interval(offline, steps) if offline and arrangement != "offline" else None
+                ),
+                mean_score=iqm_interval([fmean(r.returns) for r in group]),
+                updates_per_step=median(r.updates_per_step for r in group),
+                cpu_seconds=median(r.cpu_seconds for r in group),
             )
         )
     return rows
@@ -367,32 +384,42 @@ def run_line(r: SimRun) -> str:
 
 def table_lines(rows: Sequence[SimSummary]) -> Iterator[str]:
     yield (
-        f"{'arrangement':<16}{'solved':>7}{'steps/p':>9}{'speed-up':>9}{'0.8·N':>6}"
-        f"{'mean':>6}{'upd/step':>9}{'CPU s/p':>8}"
+        f"{'arrangement':<16}{'solved':>7}{'IQM steps/p [95% CI]':>28}{'IQM mean score':>20}"
+        f"{'upd/step':>9}{'CPU s/p':>8}  speed-up vs offline (0.8·N)"
     )
     for row in rows:
-        steps = "-" if row.median_steps is None else f"{row.median_steps:,.0f}"
-        speedup = "-" if row.speedup is None else f"{row.speedup:.2f}"
-        goal = "-" if row.arrangement == "offline" else f"{0.8 * row.n:.1f}"
+        speedup = "-" if row.speedup is None else describe_speedup(row.speedup)
+        goal = "" if row.arrangement == "offline" else f" ({0.8 * row.n:.1f})"
         yield (
             f"{row.arrangement + ' N=' + str(row.n):<16}{f'{row.solved}/{row.seeds}':>7}"
-            f"{steps:>9}{speedup:>9}{goal:>6}{row.mean_score:>6.0f}"
-            f"{row.updates_per_step:>9.2f}{row.cpu_seconds:>8.1f}"
+            f"{describe(row.steps):>28}{describe(row.mean_score):>20}"
+            f"{row.updates_per_step:>9.2f}{row.cpu_seconds:>8.1f}  {speedup}{goal}"
         )
+    yield (
+        "IQM: interquartile mean over seeds, an unsolved seed counted at its budget; [95% CI]: "
+        "stratified percentile bootstrap over seeds (docs/federation-benchmark.md)"
+    )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", choices=sorted(federation.TASKS), default="cartpole")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.federation_sim", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a smoke run: CartPole, N = 2, both and wide, seeds 0 1, {QUICK.budget_steps:,} "
+        f"steps scored every {QUICK.eval_every} (options given win)",
+    )
+    parser.add_argument("--task", choices=sorted(TASKS), default="cartpole")
     parser.add_argument(
         "--arrangements",
         nargs="*",
         choices=[a for a in ARRANGEMENTS if a != "offline"],
-        default=["experience", "both", "roles", "wide"],
-        help="arrangements beside offline, which always runs",
+        help="arrangements beside offline, which always runs (default: all; --quick: both wide)",
     )
     parser.add_argument("--n", type=int, default=2, help="participants")
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(5)))
+    parser.add_argument("--seeds", type=int, nargs="+", help="default: the task's (0-9 CartPole)")
     parser.add_argument("--budget", type=int, help="env steps per participant (task's default)")
     parser.add_argument(
         "--offline-budget", type=int, help="env steps of the offline reference (task's default)"
@@ -416,7 +443,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def settings_from(args: argparse.Namespace) -> SimSettings:
-    task = federation.TASKS[args.task]
+    task = QUICK if args.quick else TASKS[args.task]
     task = replace(
         task,
         budget_steps=args.budget or task.budget_steps,
@@ -431,7 +458,7 @@ def settings_from(args: argparse.Namespace) -> SimSettings:
         target_at_adoption=args.target_at_adoption,
         foreign_credit=args.foreign_credit,
         eval_episodes=args.eval_episodes,
-        learner=tuple(federation.name_value(text) for text in args.learner),
+        learner=tuple(name_value(text) for text in args.learner),
     )
 
 
@@ -442,11 +469,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as exc:
         sys.exit(f"federation_sim: {exc}")
     torch.set_num_threads(1)
-    arrangements: list[Arrangement] = ["offline", *args.arrangements]
+    chosen = args.arrangements
+    if chosen is None:
+        chosen = QUICK_ARRANGEMENTS if args.quick else ARRANGEMENTS[1:]
+    arrangements: list[Arrangement] = ["offline", *chosen]
+    seeds = args.seeds or list(range(settings.task.seeds))
     described = {**asdict(settings), "task": asdict(settings.task)}
-    print(f"{len(arrangements)} arrangements x {len(args.seeds)} seeds; settings: {described}")
+    print(f"{len(arrangements)} arrangements x seeds {seeds}; settings: {described}")
     runs: list[SimRun] = []
-    for seed in args.seeds:
+    for seed in seeds:
         for arrangement in arrangements:
             result = run(arrangement, seed, settings)
             runs.append(result)
@@ -457,6 +488,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(line)
     figures = {
         "settings": described,
+        "seeds": seeds,
         "summaries": [asdict(r) for r in rows],
         "runs": [asdict(r) for r in runs],
     }

@@ -2,11 +2,10 @@
 
 Each command (fedrl-client's training, plot, check, export and backtest; fedrl-server's serve,
 status, raise-goal, init-tls, issue and revoke) declares its knobs as the fields of one frozen
-dataclass. A field's metadata holds its help text (`doc`); a field whose type is itself a
-config dataclass is a section (`section`), and its fields become options of the command
-without being declared again, so a group such as the TLS options is written once and used by
-every command that needs it. Nothing here reads source code: the commands work the same from
-an installed wheel that ships bytecode only.
+dataclass (fedrl.common.config_fields: `doc` for a field, `section` for a nested config, whose
+fields become options of the command without being declared again). `takes_config` turns them
+into options, and can add `--config FILE`, a TOML file of the same settings
+(fedrl.common.config_file), and help by section (fedrl.common.config_help).
 
 How a field becomes an option, the same for every command:
 
@@ -19,15 +18,17 @@ How a field becomes an option, the same for every command:
 - tuple[str, ...]: the option given once per value (a value may hold commas);
 - Path, or str with `doc(path=...)`: a path; `exists=True` has it checked before the command runs;
 - a field without a default: a required option.
+
+Where a value comes from: the command line wins over the config file, the file over the
+field's default.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import types
+import re
 import typing
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -35,197 +36,207 @@ from typing import Any, Literal, TypeVar
 import click
 from click.core import ParameterSource
 
+from fedrl.common.config_fields import (
+    TOP,
+    ConfigOption,
+    Section,
+    config_from_options,
+    config_options,
+    config_sections,
+    doc,
+    section,
+    without_none,
+)
+from fedrl.common.config_file import ConfigFileError, read_config_file
+from fedrl.common.config_help import FieldOption, help_options
+
+__all__ = [
+    "ConfigOption",
+    "Explicit",
+    "Section",
+    "config_from_options",
+    "config_options",
+    "doc",
+    "explicit_settings",
+    "print_config_option",
+    "refuse_options_before_a_command",
+    "section",
+    "takes_config",
+]
+"""doc and section are here too: every config declares its fields through this module."""
+
 C = TypeVar("C")
 R = TypeVar("R")
 
-_KEY = "fedrl.cli"
-"""The metadata key of a field's command-line declaration."""
-
-PathKind = Literal["file", "dir"]
-
-
-@dataclass(frozen=True)
-class _Doc:
-    help: str
-    flag: str | None
-    path: PathKind | None
-    exists: bool
+CONFIG_FILE = "config_file"
+"""The parameter name of --config (never a field's: `config` is what the command receives)."""
+_EXPLICIT = "fedrl.explicit"
+"""ctx.meta key: the settings given on the command line or in the config file."""
+_TYPED = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
 
 
-@dataclass(frozen=True)
-class _Section:
-    help: str
-    omit: frozenset[str]
-
-
-def doc(
-    help: str,
-    *,
-    flag: str | None = None,
-    path: PathKind | None = None,
-    exists: bool = False,
-) -> dict[str, Any]:
-    """Field metadata: the option's help text and, where the default does not fit, its flag,
-    what kind of path it takes, and whether that path must exist."""
-    return {_KEY: _Doc(" ".join(help.split()), flag, path, exists)}
-
-
-def section(help: str, *, omit: Iterable[str] = ()) -> dict[str, Any]:
-    """Field metadata of a nested config: its fields become options, except those in `omit`,
-    which keep their defaults (the command sets them, or derives them)."""
-    return {_KEY: _Section(" ".join(help.split()), frozenset(omit))}
-
-
-@dataclass(frozen=True)
-class ConfigOption:
-    """One command-line option and the config field it fills."""
-
-    name: str
-    """The field's name, which is also the option's parameter name."""
-    hint: Any
-    default: Any
-    """The field's default; dataclasses.MISSING for a required option."""
-    help: str
-    flag: str
-    path: PathKind | None
-    exists: bool
-
-    @property
-    def required(self) -> bool:
-        return self.default is dataclasses.MISSING
-
-
-def config_options(cls: type) -> list[ConfigOption]:
-    """Every option of a command's config, sections expanded in place, in field order.
-
-    TypeError (at import, where the command is declared) for a field without help text, a
-    type with no command-line form, or two fields that would share an option name.
-    """
-    found = list(_walk(cls))
-    seen: dict[str, ConfigOption] = {}
-    for option in found:
-        for key in (option.name, option.flag):
-            if key in seen:
-                raise TypeError(f"{cls.__name__}: two fields would be option {key!r}; rename one")
-            seen[key] = option
-    return found
-
-
-def _walk(cls: type, omit: frozenset[str] = frozenset()) -> Iterator[ConfigOption]:
-    if not dataclasses.is_dataclass(cls):
-        raise TypeError(f"{cls!r} is not a dataclass")
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        declared = f.metadata.get(_KEY)
-        if isinstance(declared, _Section):
-            inner = hints[f.name]
-            if f.default_factory not in (inner, dataclasses.MISSING):
-                raise TypeError(
-                    f"{cls.__name__}.{f.name}: a section defaults to its own class's defaults "
-                    "(default_factory=the class), or has none"
-                )
-            yield from _walk(inner, declared.omit)
-        elif f.name in omit:
-            continue
-        elif isinstance(declared, _Doc):
-            yield ConfigOption(
-                name=f.name,
-                hint=hints[f.name],
-                default=_default(f),
-                help=declared.help,
-                flag=declared.flag or "--" + f.name.replace("_", "-"),
-                path=declared.path,
-                exists=declared.exists,
-            )
-        else:
-            raise TypeError(
-                f"{cls.__name__}.{f.name} has no help text: declare it with "
-                "field(..., metadata=doc('...')) or, for a nested config, section('...')"
-            )
-
-
-def _default(f: dataclasses.Field[Any]) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return dataclasses.MISSING
-
-
-def config_from_options(cls: type[C], values: Mapping[str, Any]) -> C:
-    """The config from option values named by field; a field with no value keeps its default.
-
-    ValueError from the config (or a section of it) says which value is wrong.
-    """
-    return _build(cls, values, frozenset())
-
-
-def _build(cls: type[C], values: Mapping[str, Any], omit: frozenset[str]) -> C:
-    hints = typing.get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        declared = f.metadata.get(_KEY)
-        if isinstance(declared, _Section):
-            kwargs[f.name] = _build(hints[f.name], values, declared.omit)
-        elif f.name in values and f.name not in omit:
-            kwargs[f.name] = values[f.name]
-    return cls(**kwargs)
-
-
-def takes_config(cls: type[C]) -> Callable[[Callable[..., R]], Callable[..., R]]:
+def takes_config(
+    cls: type[C], *, common: Collection[str] = (), config_file: bool = False
+) -> Callable[[Callable[..., R]], Callable[..., R]]:
     """Adds one option per field of `cls` to a click command, and calls the command with
-    `config=`, the config built from them. A value the config refuses is a usage error."""
+    `config=`, the config built from them. A value the config refuses is a usage error.
+
+    `common` names the fields whose options the short `--help` shows; with any, or with
+    several sections, the command also gets --help-all and --help-section (use
+    ConfigCommand or ConfigGroup as its class for the help by section). `config_file` adds
+    `--config FILE`, whose settings the command line overrides (fedrl.common.config_file).
+    """
     options = config_options(cls)
     names = [option.name for option in options]
+    unknown = set(common) - set(names)
+    if unknown:
+        raise TypeError(f"{cls.__name__}: common names no field {sorted(unknown)}")
+    if config_file and CONFIG_FILE in names:
+        raise TypeError(f"{cls.__name__}: a field named {CONFIG_FILE!r} would shadow --config")
+    sections = [part.name for part, _ in config_sections(cls) if part != TOP]
 
     def decorate(command: Callable[..., R]) -> Callable[..., R]:
         @functools.wraps(command)
         def with_config(*args: Any, **kwargs: Any) -> R:
+            ctx = click.get_current_context()
             values = {name: kwargs.pop(name) for name in names}
+            path: Path | None = kwargs.pop(CONFIG_FILE) if config_file else None
+            typed = {
+                name: values[name] for name in names if ctx.get_parameter_source(name) in _TYPED
+            }
             try:
-                config = config_from_options(cls, values)
+                from_file = {} if path is None else read_config_file(cls, path)
+            except ConfigFileError as exc:
+                raise click.BadParameter(str(exc), ctx, param_hint="'--config'") from None
+            chosen = {**from_file, **typed}
+            if config_file:
+                _check_required(options, chosen)
+            explicit = Explicit(frozenset(typed), from_file, path, tuple(options))
+            ctx.meta[_EXPLICIT] = explicit
+            try:
+                config = config_from_options(cls, chosen)
             except ValueError as exc:
-                raise click.UsageError(str(exc)) from None
+                raise click.UsageError(explicit.blamed(str(exc))) from None
             return command(*args, config=config, **kwargs)
 
         decorated: Callable[..., R] = with_config
         for option in reversed(options):
-            decorated = click_option(option)(decorated)
+            decorated = click_option(
+                option, common=option.name in common, file_may_give=config_file
+            )(decorated)
+        if common or len(sections) > 1:
+            for extra in reversed(help_options(sections)):
+                decorated = extra(decorated)
+        if config_file:
+            decorated = click.option(
+                "--config",
+                CONFIG_FILE,
+                type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                help="TOML file of settings, in tables by section as `--help-all` shows them "
+                "(the command line wins over it).",
+            )(decorated)
         return decorated
 
     return decorate
 
 
-def click_option(option: ConfigOption) -> Callable[[Callable[..., R]], Callable[..., R]]:
-    """The click option of one config field."""
-    settings: dict[str, Any] = {"help": option.help}
+print_config_option = click.option(
+    "--print-config",
+    is_flag=True,
+    help="Print the settings these options give, as a file for --config, and exit.",
+)
+"""The option of a command that takes a config file and can print its settings instead."""
+
+
+@dataclass(frozen=True)
+class Explicit:
+    """The settings a takes_config command was given, on its command line or in its file."""
+
+    typed: frozenset[str]
+    """Given on the command line (or in the environment)."""
+    from_file: Mapping[str, Any]
+    """Given in the config file, with their values."""
+    path: Path | None
+    """The config file."""
+    options: tuple[ConfigOption, ...]
+
+    @property
+    def names(self) -> frozenset[str]:
+        """Every setting given, which therefore keeps its value (no game's defaults apply)."""
+        return self.typed | frozenset(self.from_file)
+
+    @property
+    def changed(self) -> frozenset[str]:
+        """The settings asked for: typed, or in the file at another value than the default.
+
+        A file printed from a run holds every setting, those the run never read included;
+        one at its default asks for nothing.
+        """
+        defaults = {option.name: option.default for option in self.options}
+        return self.typed | frozenset(
+            name for name, value in self.from_file.items() if value != defaults[name]
+        )
+
+    def blamed(self, message: str) -> str:
+        """A refusal of the settings, with where in the config file the ones it names were set."""
+        named = [
+            o
+            for o in self.options
+            if o.name in self.from_file
+            and o.name not in self.typed
+            and re.search(rf"(?<![\w-])({re.escape(o.name)}|{re.escape(o.flag)})(?![\w-])", message)
+        ]
+        if not named:
+            return message
+        keys = ", ".join(
+            f"[{o.section.name}] {o.name}" if o.section.name else o.name for o in named
+        )
+        return f"{message} ({keys} in {self.path})"
+
+
+def explicit_settings(ctx: click.Context) -> Explicit:
+    """What a takes_config command was given (the rest keep their defaults)."""
+    explicit = ctx.meta.get(_EXPLICIT)
+    if not isinstance(explicit, Explicit):
+        raise RuntimeError(f"{ctx.command_path} does not take a config")
+    return explicit
+
+
+def _check_required(options: list[ConfigOption], chosen: Mapping[str, Any]) -> None:
+    """For a command with a config file, where click cannot tell: every required setting."""
+    missing = [o.flag for o in options if o.required and o.name not in chosen]
+    if missing:
+        raise click.UsageError(
+            f"Missing option {', '.join(repr(m) for m in missing)}: give it on the command "
+            "line or in the --config file"
+        )
+
+
+def click_option(
+    option: ConfigOption, *, common: bool = False, file_may_give: bool = False
+) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """The click option of one config field; `file_may_give`: a required field may come from
+    the config file instead, so the command line need not give it."""
+    settings: dict[str, Any] = {"help": option.help, "section": option.section, "common": common}
     if option.required:
-        settings["required"] = True
+        settings["required"] = not file_may_give
     else:
         settings["default"] = _shown(option.default)
-        settings["show_default"] = option.default not in ("", None, ())
+        # A switch that is off says so by its help; "[default: no-offline]" adds nothing.
+        settings["show_default"] = option.default not in ("", None, (), False)
     names = [option.flag]
-    hint = _without_none(option.hint)
+    hint = without_none(option.hint)
     if option.hint is bool:
         names = [f"{option.flag}/--no-{option.flag[2:]}"]
     elif typing.get_origin(hint) is tuple and typing.get_args(hint) == (str, ...):
         settings["multiple"] = True
     else:
         settings["type"] = _click_type(option)
-    return click.option(*names, option.name, **settings)
-
-
-def _without_none(hint: Any) -> Any:
-    """The type inside `X | None`; any other hint as it is."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        inner = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(inner) == 1:
-            return inner[0]
-    return hint
+    return click.option(*names, option.name, cls=FieldOption, **settings)
 
 
 def _click_type(option: ConfigOption) -> click.ParamType[Any]:
-    hint = _without_none(option.hint)
+    hint = without_none(option.hint)
     optional = hint is not option.hint
     if option.path is not None or hint is Path:
         if hint not in (Path, str):
@@ -285,14 +296,13 @@ class NoneOr(click.ParamType[Any]):
         return self.inner.convert(value, param, ctx)
 
 
-def refuse_options_before_a_command(ctx: click.Context, cls: type) -> None:
-    """For a group whose own options are `cls`'s (they run it without a command): refuse them
-    given before a command's name, where they would otherwise be silently ignored."""
+def refuse_options_before_a_command(ctx: click.Context) -> None:
+    """For a group whose own options run it without a command: refuse them given before a
+    command's name, where they would otherwise be silently ignored."""
     given = [
-        option.flag
-        for option in config_options(cls)
-        if ctx.get_parameter_source(option.name)
-        in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+        param.opts[0]
+        for param in ctx.command.params
+        if param.name is not None and ctx.get_parameter_source(param.name) in _TYPED
     ]
     if given:
         raise click.UsageError(

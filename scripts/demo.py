@@ -5,8 +5,9 @@ directory), then two `fedrl-client` participants, "Макар" and "alice", with
 theirs, at the same time. The participants score the global versions they
 adopt, on evaluation envs of their own (the server's --global-eval-interval,
 set short here so the curve is dense), and the demo stops once a global
-version scores --target (475: CartPole solved), or at --time-limit with a
-message saying so. While they train it prints the global evaluation as it
+version scores --target (475: CartPole solved), or, with a message saying
+so, once the session reaches its goal of --goal-episodes (the participants
+stop there) or at --time-limit. While they train it prints the global evaluation as it
 rises (their own output goes to log files in the run directory), and the
 server's web dashboard shows the same live in a browser (the URL is
 printed); at the end it prints the session's status table, as
@@ -24,6 +25,7 @@ exactly once (a second signal would cut a participant's final save short).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -46,12 +48,22 @@ STOP_GRACE_S = 30.0
 # Each participant scores an adopted global version every this many of its env
 # steps: dense enough that the curve shows the rise and the best is known.
 GLOBAL_EVAL_INTERVAL = 500
+# The session's goal, which stops the participants: room for the few hundred
+# episodes two participants take to solve CartPole, with plenty to spare on a
+# slow machine, where the time limit usually comes first.
+GOAL_EPISODES = 3_000
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--target", type=float, default=475.0, help="global greedy score that ends the demo"
+    )
+    parser.add_argument(
+        "--goal-episodes",
+        type=int,
+        default=GOAL_EPISODES,
+        help="the session's goal: episodes (all participants together) before giving up",
     )
     parser.add_argument(
         "--time-limit", type=float, default=170.0, help="seconds of training before giving up"
@@ -69,9 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_dir.mkdir(parents=True)
     server = ServerProcess(
         run_dir / "server",
-        # The demo ends by score or time, not by episodes.
         "--goal-episodes",
-        "1000000000",
+        str(args.goal_episodes),
         "--global-eval-interval",
         str(GLOBAL_EVAL_INTERVAL),
         "--dashboard-port",
@@ -90,15 +101,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         address = server.address
         print(f"server on {address}, data in {run_dir / 'server'}", flush=True)
         print(f"watch the training live at {server.dashboard_url}", flush=True)
-        participants = [start_participant(run_dir, address, pid) for pid in PARTICIPANTS]
+        participants = [
+            start_participant(run_dir, address, pid, episodes=args.goal_episodes)
+            for pid in PARTICIPANTS
+        ]
         print(
-            f"participants {', '.join(PARTICIPANTS)} training (logs: {run_dir}/*.log)", flush=True
+            f"participants {', '.join(PARTICIPANTS)} training (logs: {run_dir}/*.log) until a "
+            f"global version scores {args.target:g}; at most {args.goal_episodes:,} episodes "
+            f"together (the session's goal) and {args.time_limit:.0f} s",
+            flush=True,
         )
-        solved = watch(address, participants, target=args.target, time_limit_s=args.time_limit)
-        if not solved:
+        ended = watch(address, participants, target=args.target, time_limit_s=args.time_limit)
+        if ended != SOLVED:
+            within = {
+                GOAL: f"the session's goal of {args.goal_episodes:,} episodes",
+                TIME: f"{args.time_limit:.0f} s (a busy machine trains slower)",
+                EXITED: "the run (a participant exited: see its log)",
+            }
             print(
-                f"no global version scored {args.target:g} within {args.time_limit:.0f} s "
-                "(a busy machine trains slower); the best so far is below",
+                f"no global version scored {args.target:g} within {within[ended]}; "
+                "the best so far is below",
                 flush=True,
             )
         # Participants push what they have and score what is under way before they leave.
@@ -122,7 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.stop(STOP_GRACE_S)
 
 
-def start_participant(run_dir: Path, address: str, participant_id: str) -> subprocess.Popen[str]:
+def start_participant(
+    run_dir: Path, address: str, participant_id: str, *, episodes: int
+) -> subprocess.Popen[str]:
+    """A participant that trains until the session's goal (its own budget is no smaller)."""
     # Two participants share the machine: each gets half the cores, one of
     # which is its learner's (fewer than two left: actors run in-process).
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -138,7 +163,7 @@ def start_participant(run_dir: Path, address: str, participant_id: str) -> subpr
             "--env",
             "CartPole-v1",
             "--episodes",
-            "1000000",
+            str(episodes),
             "--workers",
             str(workers),
             "--state-dir",
@@ -152,14 +177,19 @@ def start_participant(run_dir: Path, address: str, participant_id: str) -> subpr
     )
 
 
+SOLVED, GOAL, TIME, EXITED = "solved", "goal", "time", "exited"
+"""How watch() ended: a version reached the target, the session its goal, the time limit,
+or a participant exited."""
+
+
 def watch(
     address: str,
     participants: Sequence[subprocess.Popen[str]],
     *,
     target: float,
     time_limit_s: float,
-) -> bool:
-    """Print each newly scored global version until one reaches `target`; whether one did."""
+) -> str:
+    """Print each newly scored global version until one reaches `target`; how it ended."""
     deadline = time.monotonic() + time_limit_s
     printed: set[int] = set()
     with grpc.insecure_channel(address) as channel:
@@ -188,8 +218,17 @@ def watch(
                     flush=True,
                 )
                 if version.eval_return >= target:
-                    return True
-    return False
+                    return SOLVED
+            if session.goal.reached:
+                return GOAL
+        if time.monotonic() >= deadline:
+            return TIME
+        # Participants stop at the goal: that may be why one exited.
+        with contextlib.suppress(grpc.RpcError):
+            reply = stub.Status(pb.StatusRequest(max_versions=1), timeout=5)
+            if reply.sessions and reply.sessions[0].goal.reached:
+                return GOAL
+    return EXITED
 
 
 def print_status(address: str, run_dir: Path) -> None:

@@ -19,7 +19,17 @@ from pathlib import Path
 import click
 import grpc
 
-from fedrl.common.config_cli import doc, refuse_options_before_a_command, section, takes_config
+from fedrl.common.config_cli import (
+    config_from_options,
+    doc,
+    print_config_option,
+    refuse_options_before_a_command,
+    section,
+    takes_config,
+)
+from fedrl.common.config_file import config_to_toml, read_config_file
+from fedrl.common.config_help import ConfigGroup
+from fedrl.common.durable_files import write_atomically
 from fedrl.common.identity import id_to_metadata
 from fedrl.common.status_file import ALL_VERSIONS, status_to_json
 from fedrl.common.status_table import render_status
@@ -27,7 +37,7 @@ from fedrl.common.tls import ParticipantBundle, TlsMaterialError
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.server.app import serve
-from fedrl.server.config import ServerConfig
+from fedrl.server.config import SERVE, ServerConfig
 from fedrl.server.experience.exchange import ExperienceConfig
 from fedrl.server.experience.service import experience_service
 from fedrl.server.names import DB_FILE, DEFAULT_SESSION
@@ -38,6 +48,10 @@ from fedrl.server.storage.state_db import StateDB
 _DEFAULTS = ServerConfig()
 
 
+CONFIG_FILE = "config.toml"
+"""Under the data dir: the settings of the server that last served there, as a config file."""
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """Serving: the server's settings and the process's log level."""
@@ -45,44 +59,68 @@ class ServeConfig:
     server: ServerConfig = field(
         default_factory=ServerConfig, metadata=section("The aggregation server.")
     )
-    log_level: str = field(default="INFO", metadata=doc("Python logging level."))
+    log_level: str = field(default="INFO", metadata=doc("Python logging level.", section=SERVE))
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
-@takes_config(ServeConfig)
+COMMON = ("host", "port", "data_dir", "goal_episodes", "dashboard_port", "log_level")
+"""The options `fedrl-server --help` shows; the rest by section (--help-section, --help-all)."""
+
+
+@click.group(
+    cls=ConfigGroup,
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@takes_config(ServeConfig, common=COMMON, config_file=True)
+@print_config_option
 @click.pass_context
-def main(ctx: click.Context, /, config: ServeConfig) -> None:
+def main(ctx: click.Context, /, config: ServeConfig, print_config: bool) -> None:
     """fedrl aggregation server: asynchronous federated averaging over gRPC.
 
     Without a command it serves with the options below, the same as
-    `fedrl-server serve`, e.g. `fedrl-server --data-dir fedrl-server-data`.
+    `fedrl-server serve`, e.g. `fedrl-server --data-dir fedrl-server-data`;
+    `--config server.toml` reads the settings from a file (`fedrl-server config`
+    prints those of the server that last served a data dir).
     """
     if ctx.invoked_subcommand is not None:
-        refuse_options_before_a_command(ctx, ServeConfig)
+        refuse_options_before_a_command(ctx)
         return
-    run_serve(config)
+    run_serve(config, print_config=print_config)
 
 
 @main.command("serve")
-@takes_config(ServeConfig)
-def serve_command(config: ServeConfig) -> None:
+@takes_config(ServeConfig, common=COMMON, config_file=True)
+@print_config_option
+def serve_command(config: ServeConfig, print_config: bool) -> None:
     """Serve the Federation service until SIGTERM or Ctrl-C."""
-    run_serve(config)
+    run_serve(config, print_config=print_config)
 
 
-def run_serve(config: ServeConfig) -> None:
-    """Serve until SIGTERM or Ctrl-C; a setting the server refuses is a usage error."""
+def run_serve(config: ServeConfig, *, print_config: bool = False) -> None:
+    """Serve until SIGTERM or Ctrl-C (or print the settings); a setting the server refuses is a
+    usage error. Once it listens, the data dir records the settings (CONFIG_FILE)."""
+    if print_config:
+        click.echo(serve_config_toml(config), nl=False)
+        return
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     server = config.server
+
+    def ready(port: int) -> None:
+        write_atomically(
+            server.data_dir / CONFIG_FILE,
+            lambda file: file.write(serve_config_toml(config).encode("utf-8")),
+        )
+        _announce(server, port)
+
     try:
         experience = ExperienceConfig(chunk_bytes=server.chunk_bytes, limits=server.limits)
         asyncio.run(
             serve(
                 server,
                 extra_services=[experience_service(server.data_dir, experience)],
-                on_ready=lambda port: _announce(server, port),
+                on_ready=ready,
                 on_dashboard=_announce_dashboard,
             )
         )
@@ -101,6 +139,39 @@ def _announce(config: ServerConfig, port: int) -> None:
 def _announce_dashboard(url: str) -> None:
     click.echo(f"fedrl-server dashboard on {url}")
     sys.stdout.flush()
+
+
+def serve_config_toml(config: ServeConfig) -> str:
+    """Serving settings as a config file: `fedrl-server serve --config FILE` serves with them."""
+    return config_to_toml(
+        config, title="fedrl-server settings; serve with them: `fedrl-server serve --config FILE`"
+    )
+
+
+@dataclass(frozen=True)
+class ShowServeConfig:
+    """The config command: which data dir's recorded settings to print."""
+
+    data_dir: Path = field(
+        default=_DEFAULTS.data_dir, metadata=doc("The server's data directory.", path="dir")
+    )
+
+
+@main.command("config")
+@takes_config(ShowServeConfig)
+def config_command(config: ShowServeConfig) -> None:
+    """Print the settings of the server that last served a data dir, as a file for --config."""
+    path = config.data_dir / CONFIG_FILE
+    if not path.is_file():
+        raise click.ClickException(
+            f"no recorded settings in {config.data_dir}: a server records them once it listens "
+            "(check --data-dir)"
+        )
+    try:
+        serve_config = config_from_options(ServeConfig, read_config_file(ServeConfig, path))
+    except ValueError as exc:
+        raise click.ClickException(f"{exc} (the settings recorded in {path})") from None
+    click.echo(serve_config_toml(serve_config), nl=False)
 
 
 @dataclass(frozen=True)

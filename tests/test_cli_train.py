@@ -18,6 +18,7 @@ from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.ppo_learner import PPOConfig
+from fedrl.common.config_help import FieldOption
 
 SECTIONS = ("tls", "engine", "learner", "network", "ppo", "exchange")
 """TrainConfig fields that are configs of their own; their fields become options too."""
@@ -54,7 +55,7 @@ def test_every_config_field_has_an_option_and_every_option_a_field() -> None:
         fields |= {f.name for f in dataclasses.fields(cls) if (section, f.name) not in DERIVED}
 
     # act
-    options = [p for p in main.params if isinstance(p, click.Option) and p.name != "help"]
+    options = [p for p in main.params if isinstance(p, FieldOption)]
 
     # assert
     assert {p.name for p in options} == fields

@@ -26,15 +26,19 @@ from fedrl.client.commands.config import TrainConfig
 from fedrl.client.commands.export import ExportConfig, export_command
 from fedrl.client.commands.plot import PlotConfig, plot_command
 from fedrl.client.commands.record import RecordConfig, record_command
+from fedrl.client.commands.show_config import ShowConfig, config_command
 from fedrl.common.config_cli import doc, section, takes_config
+from fedrl.common.config_help import FieldOption
 from fedrl.server.cli import (
     RaiseGoalConfig,
     ServeConfig,
+    ShowServeConfig,
     StatusConfig,
     raise_goal_command,
     serve_command,
     status_command,
 )
+from fedrl.server.cli import config_command as server_config_command
 from fedrl.server.cli import main as server_main
 from fedrl.server.security.tls_commands import (
     InitTlsConfig,
@@ -166,6 +170,7 @@ COMMANDS: dict[str, tuple[click.Command, type, set[tuple[str, str]]]] = {
         TrainConfig,
         {("learner", "seed"), ("ppo", "seed"), ("ppo", "device"), ("ppo", "amp")},
     ),
+    "fedrl-client config": (config_command, ShowConfig, set()),
     "fedrl-client plot": (plot_command, PlotConfig, set()),
     "fedrl-client check": (check_command, CheckConfig, {("tls", "token_file")}),
     "fedrl-client export": (export_command, ExportConfig, set()),
@@ -177,6 +182,7 @@ COMMANDS: dict[str, tuple[click.Command, type, set[tuple[str, str]]]] = {
     ),
     "fedrl-server": (server_main, ServeConfig, set()),
     "fedrl-server serve": (serve_command, ServeConfig, set()),
+    "fedrl-server config": (server_config_command, ShowServeConfig, set()),
     "fedrl-server status": (status_command, StatusConfig, set()),
     "fedrl-server raise-goal": (raise_goal_command, RaiseGoalConfig, set()),
     "fedrl-server init-tls": (init_tls, InitTlsConfig, set()),
@@ -215,7 +221,7 @@ def test_options_and_config_fields_match_one_to_one(name: str) -> None:
     ctx = click.Context(command)
 
     # act
-    options = {p.name: p for p in command.params if isinstance(p, click.Option)}
+    options = {p.name: p for p in command.params if isinstance(p, FieldOption)}
 
     # assert
     assert set(options) == set(fields)

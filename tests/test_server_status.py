@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from fedrl.common.config_help import FieldOption
 from fedrl.common.status_file import read_status_file
 from fedrl.common.status_table import display_width, render_status
 from fedrl.proto.v1 import federation_pb2 as pb
@@ -94,7 +95,8 @@ def test_every_config_field_has_exactly_one_serve_option_with_its_default() -> N
     options = {
         param.name: param
         for param in serve_command.params
-        if param.name != "log_level"  # a process setting, not a server knob
+        # log_level is a process setting, not a server knob.
+        if isinstance(param, FieldOption) and param.name != "log_level"
     }
     fields = {f.name: f for f in dataclasses.fields(ServerConfig)}
 
@@ -142,7 +144,7 @@ def test_served_process_offers_federation_and_experience_exchange(tmp_path: Path
 
 
 def test_bare_command_help_shows_the_serve_options() -> None:
-    result = CliRunner().invoke(main, ["--help"])
+    result = CliRunner().invoke(main, ["--help-all"])
 
     assert result.exit_code == 0
     for option in ("--data-dir", "--port", "--session-strategy", "--token-auth", "--log-level"):

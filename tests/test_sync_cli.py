@@ -50,8 +50,8 @@ def test_status_of_an_unreachable_server_fails_with_a_message() -> None:
     assert "status" in result.output
 
 
-def test_help_lists_the_options_users_of_the_old_tools_know() -> None:
-    result = CliRunner().invoke(main, ["--help"])
+def test_help_all_lists_the_options_users_of_the_old_tools_know() -> None:
+    result = CliRunner().invoke(main, ["--help-all"])
 
     for option in (
         "--participant-id",

@@ -30,6 +30,7 @@ from fedrl.client.training.obs_window import ObservationWindow
 from fedrl.client.training.policy_network import ActorCritic
 from fedrl.client.training.vector_env import EnvShape
 from fedrl.common.config_cli import doc, section, takes_config
+from fedrl.common.config_help import ConfigCommand
 
 # Importing any fedrl.envs module registers fedrl/Trading-v0 with Gymnasium.
 from fedrl.envs.trading import ENV_ID, TradingEnv
@@ -331,7 +332,7 @@ class BacktestConfig:
 def make_backtest_command(loader: PolicyLoader = load_policy) -> click.Command:
     """The `backtest` command; `loader` turns --model into a policy (tests pass their own)."""
 
-    @click.command("backtest")
+    @click.command("backtest", cls=ConfigCommand)
     @takes_config(BacktestConfig)
     def backtest(config: BacktestConfig) -> None:
         """Run a saved model greedily over the evaluation split; compare with buy-and-hold."""

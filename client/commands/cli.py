@@ -20,11 +20,10 @@ from typing import Protocol
 
 import click
 import grpc
-from click.core import ParameterSource
 
 from fedrl.client.commands.backtest import backtest
 from fedrl.client.commands.check.command import check_command
-from fedrl.client.commands.config import TrainConfig, check_algorithm_options
+from fedrl.client.commands.config import TrainConfig, check_algorithm_options, train_config_toml
 from fedrl.client.commands.export import export_command
 from fedrl.client.commands.game_defaults import describe, with_game_defaults
 from fedrl.client.commands.gpu_stats import GpuMonitor
@@ -39,7 +38,14 @@ from fedrl.client.commands.learners import (
 from fedrl.client.commands.plot import plot_command
 from fedrl.client.commands.progress import ProgressReporter, TrainingProgress, mean_epsilon
 from fedrl.client.commands.record import record_command
-from fedrl.client.commands.state_dir import Autosaver, ModelIdentity, StateDir, StateError
+from fedrl.client.commands.show_config import config_command
+from fedrl.client.commands.state_dir import (
+    PARTICIPANT_ID_FILE,
+    Autosaver,
+    ModelIdentity,
+    StateDir,
+    StateError,
+)
 from fedrl.client.commands.training_events import TrainingEvents, tensorboard_dir
 from fedrl.client.federation.channel import ChannelSecurityError
 from fedrl.client.federation.errors import ServerCallError, SyncError
@@ -52,41 +58,65 @@ from fedrl.client.training.distributed import RankFailureError, RankGroup, RankP
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.learner import Learner
 from fedrl.client.training.memory import memory_use
-from fedrl.common.config_cli import config_options, refuse_options_before_a_command, takes_config
+from fedrl.common.config_cli import (
+    explicit_settings,
+    print_config_option,
+    refuse_options_before_a_command,
+    takes_config,
+)
+from fedrl.common.config_help import ConfigGroup
 from fedrl.common.identity import validate_participant_id
 from fedrl.common.status_table import hyperparameter_text, render_status
 from fedrl.common.tls import TlsMaterialError
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
 
-PARTICIPANT_ID_FILE = "participant-id"
-"""Under --state-dir: the id generated for a participant who gave none, reused next time."""
+COMMON = (
+    "participant_id",
+    "server",
+    "session",
+    "offline",
+    "algo",
+    "episodes",
+    "env",
+    "workers",
+    "device",
+    "share",
+    "bundle",
+    "state_dir",
+)
+"""The options `fedrl-client --help` shows; the rest by section (--help-section, --help-all)."""
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
-@takes_config(TrainConfig)
+@click.group(
+    cls=ConfigGroup,
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@takes_config(TrainConfig, common=COMMON, config_file=True)
+@print_config_option
 @click.pass_context
-def main(ctx: click.Context, /, config: TrainConfig) -> None:
+def main(ctx: click.Context, /, config: TrainConfig, print_config: bool) -> None:
     """fedrl participant: trains locally and federates with a fedrl server.
 
-    Without a subcommand it trains with the session on --server, e.g.
+    Without a command it trains with the session on --server, e.g.
     `fedrl-client --participant-id Макар --server host:7443 --env CartPole-v1`,
-    or alone with --offline. `--episodes 0` prints the session's status.
+    or alone with --offline; `--config run.toml` reads the settings from a file
+    (`fedrl-client config` prints a run's). `--episodes 0` prints the session's status.
     """
     if ctx.invoked_subcommand is not None:
-        refuse_options_before_a_command(ctx, TrainConfig)
+        refuse_options_before_a_command(ctx)
         return
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    given = {
-        option.name
-        for option in config_options(TrainConfig)
-        if ctx.get_parameter_source(option.name)
-        in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
-    }
+    explicit = explicit_settings(ctx)
+    given = explicit.names
     try:
-        check_algorithm_options(config, given)
+        check_algorithm_options(config, explicit.changed)
+    except ValueError as exc:
+        raise click.UsageError(explicit.blamed(str(exc))) from None
+    try:
         check_bundle_identity(config)
         # torchrun's variables make this process one rank; --learners starts the ranks here.
         place = RankPlace.from_env()
@@ -95,6 +125,9 @@ def main(ctx: click.Context, /, config: TrainConfig) -> None:
         # fills its share of the memory.
         replays = place.local_world_size if place is not None and ranked else config.learners
         config, settings = with_game_defaults(config, given, replays=replays)
+        if print_config:
+            click.echo(train_config_toml(config), nl=False)
+            return
         if settings and config.episodes:
             click.echo(f"game settings for {config.engine.env}: {describe(settings)}", err=True)
         if config.episodes == 0:
@@ -159,7 +192,7 @@ def train_offline(config: TrainConfig, ranks: RankGroup | None = None) -> Counte
                 f"{resumed.env_steps} env steps",
                 err=True,
             )
-        start, reporter, progress = _start(config, engine)
+        start, reporter, progress = _start(config, engine, state)
 
         def on_poll(result: PollResult) -> None:
             autosave(result)
@@ -234,7 +267,7 @@ def train_federated(config: TrainConfig, ranks: RankGroup | None = None) -> Coun
         if joined is not None and config.total_episodes:
             goal = sync.raise_goal(config.total_episodes)
             click.echo(f"session goal: {goal.total_episodes} episodes", err=True)
-        start, reporter, progress = _start(config, engine)
+        start, reporter, progress = _start(config, engine, state)
 
         def on_poll(result: PollResult) -> None:
             autosave(result)
@@ -295,7 +328,7 @@ def train_population(config: TrainConfig, ranks: RankGroup | None = None) -> Cou
             f"{member.generation}, {hyperparameter_text(engine.hyperparameters())}",
             err=True,
         )
-        start, reporter, progress = _start(config, engine)
+        start, reporter, progress = _start(config, engine, state)
 
         def on_poll(result: PollResult) -> None:
             autosave(result)
@@ -387,9 +420,11 @@ def _model_spec(config: TrainConfig, engine: TrainingEngine, state: StateDir) ->
 
 
 def _start(
-    config: TrainConfig, engine: TrainingEngine
+    config: TrainConfig, engine: TrainingEngine, state: StateDir
 ) -> tuple[int, ProgressReporter, TrainingProgress]:
-    """Starts the engine and the progress lines; this run's --episodes count from `start`."""
+    """Records the run's configuration in the state dir, starts the engine and the progress
+    lines; this run's --episodes count from `start`."""
+    state.save_config(train_config_toml(config))
     engine.start()
     start = engine.counters.episodes
     reporter = ProgressReporter(interval_s=config.log_interval)
@@ -593,6 +628,7 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+main.add_command(config_command)
 main.add_command(plot_command)
 main.add_command(check_command)
 main.add_command(export_command)

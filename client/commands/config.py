@@ -5,7 +5,9 @@ defaults and their help text all come from the fields and their metadata
 (fedrl.common.config_cli), so the two cannot drift apart. The engine, the
 learner, the networks, PPO, the experience exchange and the connection's
 security are sections: their own configs, whose fields are options of this
-command too. `--algo` picks the learner; the options only the other one reads
+command too; the command's own fields are in the run, federation and output
+sections. The sections head the help and are the tables of a config file
+(`--config`). `--algo` picks the learner; the options only the other one reads
 are refused (`check_algorithm_options`) rather than silently ignored.
 """
 
@@ -27,12 +29,17 @@ from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.policy_network import ppo_architecture_name
 from fedrl.client.training.ppo_learner import PPOConfig
 from fedrl.client.training.q_network import architecture_name
-from fedrl.common.config_cli import doc, section
+from fedrl.common.config_cli import Section, doc, section
+from fedrl.common.config_file import config_to_toml
 
 Role = Literal["learner", "actor"]
 """Whether a participant trains (learner) or only acts for the session's learners (actor)."""
 Algorithm = Literal["dqn", "ppo"]
 Mode = Literal["federated", "pbt"]
+
+RUN = Section("run", "Who trains, with which server, on what, for how long.")
+FEDERATION = Section("federation", "What this participant shares, and when it syncs.")
+OUTPUT = Section("output", "State dir, saves, progress lines, TensorBoard.")
 
 PPO_FOLLOWS_LEARNER = ("seed", "device", "amp")
 """PPOConfig fields without options: seeded from the engine's seed stream, the rest the
@@ -47,14 +54,20 @@ class TrainConfig:
         default="",
         metadata=doc(
             "Who trains: names the state dir (Unicode allowed). Generated and remembered when "
-            "absent (federated runs; --offline needs one)."
+            "absent (federated runs; --offline needs one).",
+            section=RUN,
         ),
     )
-    server: str = field(default="localhost:7443", metadata=doc("Aggregation server as host:port."))
-    session: str = field(
-        default="default", metadata=doc("Session to join; the first participant creates it.")
+    server: str = field(
+        default="localhost:7443", metadata=doc("Aggregation server as host:port.", section=RUN)
     )
-    offline: bool = field(default=False, metadata=doc("Train alone, without a server."))
+    session: str = field(
+        default="default",
+        metadata=doc("Session to join; the first participant creates it.", section=RUN),
+    )
+    offline: bool = field(
+        default=False, metadata=doc("Train alone, without a server.", section=RUN)
+    )
     mode: Mode = field(
         default="federated",
         metadata=doc(
@@ -62,32 +75,71 @@ class TrainConfig:
             "shared) or pbt (population-based training: the session is a population; this "
             "participant trains alone with its own hyperparameters, reports its model after "
             "every evaluation, and when it ranks in the bottom copies a better member and "
-            "explores). The session's first participant fixes it."
+            "explores). The session's first participant fixes it.",
+            section=RUN,
         ),
     )
     algo: Algorithm = field(
         default="dqn",
         metadata=doc(
-            "dqn (off-policy, replay, shares experience; Discrete actions) or ppo (on-policy "
-            "actor-critic; Discrete or Box actions; pushes after every rollout update and "
-            "refuses the experience exchange options: others' experience is off-policy data)."
+            "dqn (off-policy, replay; Discrete actions) or ppo (on-policy actor-critic; "
+            "Discrete or Box actions). PPO pushes after every rollout update and refuses the "
+            "experience exchange options: others' experience is off-policy data.",
+            section=RUN,
         ),
     )
     episodes: int = field(
         default=1_000,
-        metadata=doc("Episodes to train in this run; 0 prints the session's status and exits."),
+        metadata=doc(
+            "Episodes to train in this run; 0 prints the session's status and exits.", section=RUN
+        ),
     )
     total_episodes: int = field(
         default=0,
         metadata=doc(
-            "Raise the session's total-episodes goal to this before training (0: leave it)."
+            "Raise the session's total-episodes goal to this before training (0: leave it).",
+            section=RUN,
         ),
+    )
+    max_env_steps: int = field(
+        default=0,
+        metadata=doc(
+            "Also stop once this many env steps are done in total; 0 for no limit.", section=RUN
+        ),
+    )
+    learners: int = field(
+        default=1,
+        metadata=doc(
+            "Data-parallel learner ranks (torch.distributed: NCCL on CUDA, one GPU each; gloo on "
+            "the CPU), each with its own --workers actors and replay, gradients averaged every "
+            "step; rank 0 saves, logs and federates. Under torchrun, WORLD_SIZE sets it.",
+            section=RUN,
+        ),
+    )
+    engine: EngineConfig = field(
+        default_factory=EngineConfig,
+        metadata=section("Environments, actors, exploration, evaluation."),
+    )
+    learner: LearnerConfig = field(
+        default_factory=LearnerConfig,
+        # The learner's seed comes from the engine's seed stream.
+        metadata=section("The DQN learner (its device and amp serve PPO too).", omit=("seed",)),
+    )
+    ppo: PPOConfig = field(
+        default_factory=PPOConfig,
+        # Seeded from the engine's seed stream; device and amp are the learner section's.
+        metadata=section("The PPO learner (--algo ppo).", omit=PPO_FOLLOWS_LEARNER),
+    )
+    network: NetworkConfig = field(
+        default_factory=NetworkConfig,
+        metadata=section("The networks' torso: MLP or causal transformer."),
     )
     share: Share = field(
         default="both",
         metadata=doc(
             "What this participant shares: weights, experience (it then keeps its own model), "
-            "or both."
+            "or both.",
+            section=FEDERATION,
         ),
     )
     role: Role = field(
@@ -95,7 +147,8 @@ class TrainConfig:
         metadata=doc(
             "learner: trains and shares what --share says; actor: only acts: plays the newest "
             "global model and pushes its experience for the session's learners, never "
-            "trains (Ape-X's actors across the federation; DQN with --share both)."
+            "trains (Ape-X's actors across the federation; DQN with --share both).",
+            section=FEDERATION,
         ),
     )
     sync_interval: int = field(
@@ -105,7 +158,8 @@ class TrainConfig:
             "with --round-wait-s 0): episodes "
             "between pushes of this participant's progress to the server (at most one update "
             "is in flight, so a short interval cannot flood the server). PPO pushes after "
-            "every rollout update."
+            "every rollout update.",
+            section=FEDERATION,
         ),
     )
     sync_steps: int | None = field(
@@ -115,7 +169,8 @@ class TrainConfig:
             "128). Asynchronously, also push (and share experience) once this many env steps "
             "have passed since the last push, if that comes before --sync-interval's "
             "episodes, so that long episodes do not stretch the time between syncs (default "
-            "0: episodes only)."
+            "0: episodes only).",
+            section=FEDERATION,
         ),
     )
     round_wait_s: float | None = field(
@@ -127,7 +182,8 @@ class TrainConfig:
             "then train on, so that every member starts each round from the same average. "
             "Each round waits for the slowest member. Default: 5 s wherever rounds can form "
             "(DQN sharing weights or both), with --rounds-from 3. 0: asynchronous at any "
-            "size."
+            "size.",
+            section=FEDERATION,
         ),
     )
     rounds_from: int = field(
@@ -136,7 +192,8 @@ class TrainConfig:
             "Sync in rounds only while at least this many members push weights (the "
             "server's count of those it heard from within its --active-window-s), "
             "asynchronously while fewer do: on CartPole and LunarLander rounds made fours "
-            "faster and pairs slower (docs/federation.md). 1: rounds at any size."
+            "faster and pairs slower (docs/federation.md). 1: rounds at any size.",
+            section=FEDERATION,
         ),
     )
     shared_warmup: bool = field(
@@ -145,7 +202,8 @@ class TrainConfig:
             "DQN sharing both: sync in rounds (of --sync-steps, 128 unless given) until the "
             "learner starts, so that the group's experience fills every member's replay to "
             "learning_starts together instead of each member filling its own at env speed; "
-            "then as --round-wait-s says. Alone it changes nothing."
+            "then as --round-wait-s says. Alone it changes nothing.",
+            section=FEDERATION,
         ),
     )
     delta_dtype: Literal["bfloat16", "float16", "float32"] | None = field(
@@ -154,7 +212,8 @@ class TrainConfig:
             "Wire type of pushed weight deltas (zstd-compressed in any case). Default: "
             "float32 in rounds (a round's small delta loses too much to bfloat16's 8 bits), "
             "bfloat16 asynchronously (half the bytes; what rounding leaves out goes with "
-            "the next push)."
+            "the next push).",
+            section=FEDERATION,
         ),
     )
     target_at_adoption: TargetAtAdoption = field(
@@ -162,73 +221,47 @@ class TrainConfig:
         metadata=doc(
             "Target network when a global model is adopted: shift it by the same change as "
             "the online net (the others' progress; alone in a session the change is zero), "
-            "reset it to the adopted model, or keep it."
+            "reset it to the adopted model, or keep it.",
+            section=FEDERATION,
         ),
     )
-    learners: int = field(
-        default=1,
-        metadata=doc(
-            "Data-parallel learner ranks (torch.distributed: NCCL on CUDA, one GPU each; gloo on "
-            "the CPU), each with its own --workers actors and replay, gradients averaged every "
-            "step; rank 0 saves, logs and federates. Under torchrun, WORLD_SIZE sets it."
-        ),
+    exchange: ExchangeConfig = field(
+        default_factory=ExchangeConfig,
+        metadata=section("Experience exchange (federated DQN runs)."),
     )
     tls: ConnectionSecurity = field(
         default_factory=ConnectionSecurity,
-        metadata=section("How to reach the server: TLS material, a token, or plaintext."),
-    )
-    max_env_steps: int = field(
-        default=0,
-        metadata=doc("Also stop once this many env steps are done in total; 0 for no limit."),
+        metadata=section("How to reach the server: TLS, a token, or plaintext."),
     )
     state_dir: Path = field(
         default=Path("fedrl-state"),
         metadata=doc(
             "Root of the state dirs; this participant's files go to <state-dir>/<participant-id>/.",
             path="dir",
+            section=OUTPUT,
         ),
     )
     save_model_every: int = field(
-        default=10, metadata=doc("Episodes between saves of the latest model.")
+        default=10, metadata=doc("Episodes between saves of the latest model.", section=OUTPUT)
     )
     save_progress_every: int = field(
         default=50,
         metadata=doc(
-            "Episodes between saves of the full progress (optimizer and schedule state too)."
+            "Episodes between saves of the full progress (optimizer and schedule state too).",
+            section=OUTPUT,
         ),
     )
     log_interval: float = field(
-        default=5.0, metadata=doc("Seconds between progress lines on stderr.")
+        default=5.0, metadata=doc("Seconds between progress lines on stderr.", section=OUTPUT)
     )
     tensorboard: str = field(
         default="",
         metadata=doc(
             "Directory for TensorBoard event files, one subfolder per participant; empty: the "
             "state dir, so `tensorboard --logdir <state-dir>` shows every participant as a "
-            'run; "off": none.'
+            'run; "off": none.',
+            section=OUTPUT,
         ),
-    )
-    engine: EngineConfig = field(
-        default_factory=EngineConfig,
-        metadata=section("Collection, replay ratio and evaluation."),
-    )
-    learner: LearnerConfig = field(
-        default_factory=LearnerConfig,
-        # The learner's seed comes from the engine's seed stream.
-        metadata=section("The DQN learner; its device and amp serve PPO too.", omit=("seed",)),
-    )
-    network: NetworkConfig = field(
-        default_factory=NetworkConfig,
-        metadata=section("The networks' torso: MLP or causal transformer, for either algorithm."),
-    )
-    ppo: PPOConfig = field(
-        default_factory=PPOConfig,
-        # Seeded from the engine's seed stream; device and amp are the learner section's.
-        metadata=section("The PPO learner (--algo ppo).", omit=PPO_FOLLOWS_LEARNER),
-    )
-    exchange: ExchangeConfig = field(
-        default_factory=ExchangeConfig,
-        metadata=section("Experience exchange with the session (federated DQN runs only)."),
     )
 
     def __post_init__(self) -> None:
@@ -366,3 +399,10 @@ def check_algorithm_options(config: TrainConfig, given: Set[str]) -> None:
         if named:
             flags = ", ".join("--" + name.replace("_", "-") for name in named)
             raise ValueError(f"{flags} set PPO's learner: add --algo ppo, or drop them")
+
+
+def train_config_toml(config: TrainConfig) -> str:
+    """A training configuration as a config file: `fedrl-client --config FILE` runs it."""
+    return config_to_toml(
+        config, title="fedrl-client settings; run them with `fedrl-client --config FILE`"
+    )

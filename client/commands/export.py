@@ -38,6 +38,7 @@ from fedrl.client.training.architecture import (
 from fedrl.client.training.policy_network import ActorCritic, GreedyPolicy
 from fedrl.client.training.vector_env import EnvShape, env_shape, make_vector_env
 from fedrl.common.config_cli import doc, takes_config
+from fedrl.common.config_help import ConfigCommand
 from fedrl.common.durable_files import replacing
 
 Format = Literal["onnx", "torchscript"]
@@ -413,7 +414,7 @@ def _describe_output(name: str, arch: Architecture) -> str:
     return f"{name!r} float32 [batch, {arch.action_dim}]: the mean action, within the bounds"
 
 
-@click.command("export")
+@click.command("export", cls=ConfigCommand)
 @takes_config(ExportConfig)
 def export_command(config: ExportConfig) -> None:
     """Write a model's greedy policy for use outside fedrl, checked to act like the original."""

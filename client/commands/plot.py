@@ -43,6 +43,7 @@ from fedrl.client.federation.channel import ConnectionSecurity
 from fedrl.client.federation.errors import ServerCallError
 from fedrl.client.federation.federation_client import FederationClient
 from fedrl.common.config_cli import doc, section, takes_config
+from fedrl.common.config_help import ConfigCommand
 from fedrl.common.identity import safe_dirname, validate_participant_id
 from fedrl.common.status_file import ALL_VERSIONS, read_status_file
 from fedrl.proto.v1 import federation_pb2 as pb
@@ -537,7 +538,7 @@ def plot(config: PlotConfig) -> tuple[list[Path], list[str], MetricsLog | None]:
     return written, missing, log
 
 
-@click.command("plot")
+@click.command("plot", cls=ConfigCommand)
 @takes_config(PlotConfig)
 def plot_command(config: PlotConfig) -> None:
     """Write PNGs of the training curves: returns, evaluations, loss, speed, the global model."""

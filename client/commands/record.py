@@ -43,6 +43,7 @@ from fedrl.client.training.vector_env import (
     reset_seeded,
 )
 from fedrl.common.config_cli import doc, section, takes_config
+from fedrl.common.config_help import ConfigCommand
 
 MIN_HEIGHT = 400
 """Frames are scaled up by a whole factor to at least this height (Atari's are 210)."""
@@ -231,7 +232,7 @@ def _screen(env: gym.vector.VectorEnv) -> npt.NDArray[np.uint8]:
     return np.asarray(frames[0], dtype=np.uint8)
 
 
-@click.command("record")
+@click.command("record", cls=ConfigCommand)
 @takes_config(RecordConfig)
 def record_command(config: RecordConfig) -> None:
     """Play a model greedily and write a video of it, with the score drawn on each frame."""

@@ -5,6 +5,8 @@ Layout of `<root>/<participant id>/`:
   best.pt        weights of the best greedy evaluation so far
   progress.pt    counters plus the learner's full state: networks, optimizer, schedules
   metrics.jsonl  one JSON object per episode and per evaluation, appended
+  config.toml    the configuration of the latest run, as a config file: `fedrl-client config`
+                 prints it, `fedrl-client --config` runs it again
   events.out.tfevents.*  the same records as TensorBoard scalars (unless --tensorboard
                  sends them elsewhere or off; see training_events)
 
@@ -39,12 +41,16 @@ from fedrl.common.durable_files import write_atomically
 from fedrl.common.identity import safe_dirname, validate_participant_id
 
 FORMAT = 1
-MODEL_FILE, BEST_FILE, PROGRESS_FILE, METRICS_FILE = (
+MODEL_FILE, BEST_FILE, PROGRESS_FILE, METRICS_FILE, CONFIG_FILE = (
     "model.pt",
     "best.pt",
     "progress.pt",
     "metrics.jsonl",
+    "config.toml",
 )
+PARTICIPANT_ID_FILE = "participant-id"
+"""Under the state dirs' root: the id generated for a participant who gave none, reused next
+time."""
 
 NamedArrays = list[tuple[str, npt.NDArray[Any]]]
 
@@ -109,6 +115,11 @@ class StateDir:
                 "learner": learner_state,
             },
         )
+
+    def save_config(self, text: str) -> None:
+        """The run's configuration as a config file (written whole or not at all)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_atomically(self.path / CONFIG_FILE, lambda file: file.write(text.encode("utf-8")))
 
     def append_metrics(self, records: Sequence[dict[str, Any]]) -> None:
         """Appends and flushes; a kill loses at most the line being written."""

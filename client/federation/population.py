@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from fedrl.client.federation.backoff import BackoffPolicy
 from fedrl.client.federation.errors import RejectedError, UnavailableError
 from fedrl.client.federation.event_record import event_record
 from fedrl.client.federation.federation_client import FederationClient
+from fedrl.client.federation.loop_thread import LoopThread
 from fedrl.client.training.counters import PollResult
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.common.chunking import NamedTensors, TensorListAssembler, chunk_tensors
@@ -225,10 +225,7 @@ class PopulationMember:
         self._channel_factory = channel_factory
         self._on_record = on_record
         self._backoff = backoff or BackoffPolicy()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="fedrl-population", daemon=True
-        )
+        self._loop = LoopThread("fedrl-population")
         self._client: PopulationClient | None = None
         self._channel: grpc.aio.Channel | None = None
         self._next_sequence = 1
@@ -245,7 +242,7 @@ class PopulationMember:
 
     def start(self) -> pb.MemberAssignment:
         """Join (creating the population if need be), enroll, and take the server's assignment."""
-        self._thread.start()
+        self._loop.start()
         joined, assignment = self._call(self._enter(), timeout_s=120.0)
         self._goal = joined.goal
         self._next_sequence = assignment.last_report_sequence + 1
@@ -277,15 +274,14 @@ class PopulationMember:
             log.warning("could not leave the session: %s", exc)
 
     def close(self) -> None:
-        if not self._thread.is_alive():
-            return
+        """Close the channel and end the network thread with nothing left pending on it."""
+        self._loop.close(self._close_channel(), timeout=10.0)
+
+    async def _close_channel(self) -> None:
         if self._channel is not None:
-            channel = self._channel
             # Closing a channel at exit must not turn a clean stop into an error.
             with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(channel.close(), self._loop).result(5.0)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10.0)
+                await self._channel.close()
 
     # Every round.
 
@@ -330,7 +326,7 @@ class PopulationMember:
         if self._waiting is None or self._in_flight is not None:
             return
         report, self._waiting = self._waiting, None
-        self._in_flight = asyncio.run_coroutine_threadsafe(self._send(report), self._loop)
+        self._in_flight = self._loop.submit(self._send(report))
 
     async def _send(self, report: _Report) -> _Outcome:
         reply = await self._retrying(
@@ -421,7 +417,7 @@ class PopulationMember:
     # Internals: calls on the network thread.
 
     def _call(self, coroutine: Coroutine[Any, Any, T], *, timeout_s: float = 600.0) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
+        return self._loop.call(coroutine, timeout_s)
 
     async def _client_call(self, call: Callable[[PopulationClient], Coroutine[Any, Any, T]]) -> T:
         assert self._client is not None

@@ -46,6 +46,7 @@ from fedrl.client.federation.errors import (
     UnavailableError,
 )
 from fedrl.client.federation.federation_client import FederationClient
+from fedrl.client.federation.loop_thread import LoopThread
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
 
@@ -112,10 +113,7 @@ class ServerLink:
         self._session = session
         self._spec = spec
         self._backoff = backoff
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="fedrl-sync", daemon=True
-        )
+        self._loop = LoopThread("fedrl-sync")
         self._tasks: list[_Task] = []
         self._running: list[asyncio.Task[None]] = []
         self._client: FederationClient | None = None
@@ -133,12 +131,12 @@ class ServerLink:
     # Main-thread side.
 
     def start(self) -> None:
-        self._thread.start()
+        self._loop.start()
         self.call(self._open())
 
     def call(self, coroutine: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run a coroutine on the link's loop and wait for its result."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+        return self._loop.call(coroutine, timeout)
 
     def add_task(
         self,
@@ -158,7 +156,7 @@ class ServerLink:
         self._tasks.append(task)
 
         def wake() -> None:
-            self._loop.call_soon_threadsafe(task.wake.set)
+            self._loop.call_soon(task.wake.set)
 
         return wake
 
@@ -234,11 +232,8 @@ class ServerLink:
             self.call(self.client.leave(reason), timeout=20)
 
     def close(self) -> None:
-        if self._thread.is_alive():
-            self.call(self._close(), timeout=30)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=30)
-        self._loop.close()
+        """Stop the tasks, close the channel, and end the loop with nothing left pending."""
+        self._loop.close(self._close())
 
     # Network-thread side, for the sync parts.
 

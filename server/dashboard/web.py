@@ -126,7 +126,7 @@ class Dashboard:
         TlsMaterialError before anything listens."""
         return cls(
             host=config.dashboard_host,
-            port=config.dashboard_port,
+            port=config.dashboard_listen_port,
             access=dashboard_access(config.dashboard_host, config.data_dir),
             max_versions=config.dashboard_versions,
         )

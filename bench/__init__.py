@@ -1,0 +1,1 @@
+"""Benchmarks that print figures; packages among them run from the repository root with -m."""
