@@ -44,6 +44,9 @@ def parse() -> tuple[Settings, Path | None, bool]:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes at once")
     parser.add_argument("--results", type=Path, help="JSON lines of finished jobs (resumable)")
     parser.add_argument("--keep", action="store_true", help="keep the runs' state dirs")
+    parser.add_argument(
+        "--hidden", help="every run's network widths (--hidden of DQN, --ppo-hidden of PPO)"
+    )
     args = parser.parse_args()
     task = TASKS[args.env]
     changes = {
@@ -62,6 +65,7 @@ def parse() -> tuple[Settings, Path | None, bool]:
         eval_episodes=3 if args.quick else args.eval_episodes,
         score_window=args.score_window,
         jobs=args.jobs,
+        network=() if args.hidden is None else ("--hidden", args.hidden),
     )
     return settings, args.results, args.keep
 
@@ -120,7 +124,8 @@ def main() -> None:
         f"{task.env} {settings.algo.upper()}: populations of {settings.sizes} against as many "
         f"independent runs and the defaults; {task.steps:,} env steps per member, evaluated "
         f"every {task.eval_interval:,} ({settings.eval_episodes} episodes), ready after "
-        f"{task.ready_steps:,}, score over {settings.score_window} evaluations; seeds "
+        f"{task.ready_steps:,}, score over {settings.score_window} evaluations; "
+        f"{' '.join(settings.network) or 'the default network'}; seeds "
         f"{list(settings.seeds)}; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
         flush=True,
     )

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.federation.participant import die_with_parent
 from bench.federation.scoring import reached_at
 from fedrl.server.launcher import ServerProcess
 
@@ -69,7 +70,14 @@ class Job:
             extra = ["--server", self._server.address, "--mode", "pbt", "--session", "pop"]
         for name, command in self.commands.items():
             log = (self.state / f"{name}.log").open("wb")
-            process = subprocess.Popen([*command, *extra], stdout=log, stderr=log)
+            # Members die with the bench: an interrupted bench leaves nothing on the cores.
+            # (preexec_fn is safe here: the bench runs no threads.)
+            process = subprocess.Popen(
+                [*command, *extra],
+                stdout=log,
+                stderr=log,
+                preexec_fn=die_with_parent,  # noqa: PLW1509
+            )
             log.close()
             self.processes[process.pid] = (name, process)
 

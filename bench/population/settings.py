@@ -80,6 +80,8 @@ class Settings:
     eval_episodes: int = 10
     score_window: int = 3
     jobs: int = 2
+    network: tuple[str, ...] = ()
+    """Options every run gets beside the client's defaults (e.g. ("--hidden", "64,64"))."""
 
     @property
     def largest(self) -> int:
@@ -122,6 +124,7 @@ def client_command(
         "--eval-interval", str(task.eval_interval),
         "--eval-episodes", str(settings.eval_episodes),
         "--log-interval", "3600",
+        *settings.network,
         *extra,
     ]  # fmt: skip
     for key, value in (values or {}).items():
