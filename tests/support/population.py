@@ -11,6 +11,7 @@ learner = pull_donor_learner(stub, "alice", generation=1)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import grpc
 import numpy as np
@@ -79,27 +80,10 @@ def report(
     participant_id: str,
     spec: tpb.ModelSpec,
     arrays: Sequence[np.ndarray],
-    *,
-    sequence: int,
-    generation: int = 0,
-    env_steps: int = 0,
-    episodes: int = 0,
-    score: float | None = None,
-    learner: Sequence[tuple[str, np.ndarray]] | None = None,
-    session: str = "default",
+    **fields: Any,
 ) -> pb.ReportReply:
-    messages = report_messages(
-        participant_id,
-        spec,
-        arrays,
-        sequence=sequence,
-        generation=generation,
-        env_steps=env_steps,
-        episodes=episodes,
-        score=score,
-        learner=learner,
-        session=session,
-    )
+    """One report (report_messages' `fields`), sent and answered."""
+    messages = report_messages(participant_id, spec, arrays, **fields)
     return stub.Report(iter(messages), metadata=metadata(participant_id), timeout=60)  # type: ignore[no-any-return]
 
 
