@@ -89,6 +89,18 @@ def test_a_dqn_copy_holds_the_donors_networks_adam_clock_and_newest_transitions(
         np.testing.assert_array_equal(getattr(newest, column), getattr(expected, column))
 
 
+def test_the_replay_sample_stays_within_its_byte_budget() -> None:
+    donor = trained_donor()
+    # A transition here: two 4-float observations, an int64 action, float32 reward and discount.
+    per_transition = 2 * 4 * 4 + 8 + 4 + 4
+
+    state = dict(
+        export_learner(donor, replay_transitions=150, max_replay_bytes=per_transition * 30)
+    )
+
+    assert len(state["replay/action"]) == 30
+
+
 def test_the_copy_takes_the_very_step_the_donor_would_take_next() -> None:
     donor, copier = trained_donor(), fresh_copier()
     import_learner(copier, donor.weights(), export_learner(donor, replay_transitions=0))
@@ -121,7 +133,10 @@ def test_a_ppo_copy_holds_adam_and_the_clock_of_its_learning_rate_schedule() -> 
     engine = EngineConfig(workers=0, envs_per_worker=4, eval_interval=0)
     with TrainingEngine(engine, ppo) as donor:
         donor.run(lambda c: c.env_steps >= 640)
-        model, state = donor.weights(), donor.learner_state(replay_transitions=1_000)
+        model, state = (
+            donor.weights(),
+            donor.learner_state(replay_transitions=1_000, max_replay_bytes=1 << 20),
+        )
         expected = donor.learner.state_dict()
         rate = donor.learner.learning_rate()
     with TrainingEngine(dataclasses.replace(engine, seed=5), ppo) as copier:
@@ -146,7 +161,10 @@ def test_after_a_copy_the_engine_trains_at_its_replay_ratio_from_there() -> None
     learner = dataclasses.replace(CONFIG, replay_capacity=2_000)
     with TrainingEngine(config, learner) as donor:
         donor.run(lambda c: c.env_steps >= 2_000)
-        model, state = donor.weights(), donor.learner_state(replay_transitions=500)
+        model, state = (
+            donor.weights(),
+            donor.learner_state(replay_transitions=500, max_replay_bytes=1 << 20),
+        )
     with TrainingEngine(dataclasses.replace(config, seed=3), learner) as copier:
         copier.run(lambda c: c.env_steps >= 200)
         copier.copy_learner(model, state)

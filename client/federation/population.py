@@ -63,6 +63,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 POPULATION_MODE = "pbt"
+MAX_REPLAY_BYTES = 256 << 20
+"""The most bytes of replay transitions one report carries: well inside a server's default
+decode limit (1 GiB, --max-model-bytes) and a member's memory, whatever the observations (an
+Atari transition's two frame stacks are 56 KB: some 4,700 of them)."""
 
 
 class PopulationError(RuntimeError):
@@ -317,7 +321,9 @@ class PopulationMember:
             episodes=counters.episodes,
             score=score if score is not None and math.isfinite(score) else None,
             weights=self._engine.weights(),
-            learner=self._engine.learner_state(replay_transitions=self._replay_transitions),
+            learner=self._engine.learner_state(
+                replay_transitions=self._replay_transitions, max_replay_bytes=MAX_REPLAY_BYTES
+            ),
         )
         self._next_sequence += 1
         return report

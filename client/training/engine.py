@@ -395,11 +395,15 @@ class TrainingEngine(Closing):
 
     # -- a whole learner (population-based training's exploit) ----------------
 
-    def learner_state(self, *, replay_transitions: int) -> list[tuple[str, npt.NDArray[Any]]]:
+    def learner_state(
+        self, *, replay_transitions: int, max_replay_bytes: int
+    ) -> list[tuple[str, npt.NDArray[Any]]]:
         """The learner's state beside its weights, with its newest `replay_transitions`
-        transitions (DQN): what a member that copies this one takes
-        (fedrl.client.training.learner_copy)."""
-        return export_learner(self.learner, replay_transitions=replay_transitions)
+        transitions (DQN) as far as `max_replay_bytes` holds them: what a member that copies
+        this one takes (fedrl.client.training.learner_copy)."""
+        return export_learner(
+            self.learner, replay_transitions=replay_transitions, max_replay_bytes=max_replay_bytes
+        )
 
     def copy_learner(
         self,

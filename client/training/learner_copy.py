@@ -51,11 +51,18 @@ DQN_POSITIONS = ("updates",)
 PPO_POSITIONS = ("updates", "rounds", "env_steps")
 
 
-def export_learner(learner: Learner | PPOLearner, *, replay_transitions: int) -> NamedArrays:
+def export_learner(
+    learner: Learner | PPOLearner, *, replay_transitions: int, max_replay_bytes: int = 1 << 62
+) -> NamedArrays:
     """The learner's state beside its online weights (module docstring), with the newest
-    `replay_transitions` transitions of a DQN replay (0: none)."""
+    `replay_transitions` transitions of a DQN replay (0: none), as many of them as fit in
+    `max_replay_bytes` (frame stacks are large: 56 KB a transition on Atari)."""
     if replay_transitions < 0:
         raise ValueError(f"replay_transitions must be >= 0, got {replay_transitions}")
+    if isinstance(learner, Learner):
+        # obs and next_obs, the int64 action, the float32 reward and discount.
+        per_transition = 2 * int(np.prod(learner.obs_shape)) * learner.obs_dtype.itemsize + 16
+        replay_transitions = min(replay_transitions, max_replay_bytes // per_transition)
     state = learner.state_dict()
     arrays: NamedArrays = []
     if isinstance(learner, Learner):
