@@ -34,6 +34,7 @@ from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.common.hyperparameters import PERTURB_FACTORS, SEARCH_SPACE
 from fedrl.proto.v1 import federation_pb2 as fpb
+from fedrl.proto.v1 import population_pb2 as population_pb
 from tests.support.server_harness import InProcessServer, server_config
 
 READY = 600
@@ -204,3 +205,29 @@ def test_a_member_copies_a_better_members_whole_learner_and_evaluates_as_it_did(
     for name, value in hyperparameters.items():
         moves = {SEARCH_SPACE[name].perturb(donor_values[name], f) for f in PERTURB_FACTORS}
         assert any(value == pytest.approx(move) for move in moves), name
+
+
+def test_a_member_reports_its_learner_only_to_a_server_that_keeps_it(
+    one_torch_thread: None,
+) -> None:
+    # prepare: a member whose engine holds some transitions; no server is dialled
+    stop = threading.Event()
+    member = Member("cub", "127.0.0.1:1", stop, lr=1e-3)
+    with member.engine:
+        member.engine.run(lambda c: c.env_steps >= 200)
+        values = dict(member.engine.hyperparameters())
+        old = population_pb.MemberAssignment(hyperparameters=values, replay_transitions=50)
+        new = population_pb.MemberAssignment(
+            hyperparameters=values, replay_transitions=50, keeps_learner=True
+        )
+
+        # act: the assignments of a server without learners, then of one with them
+        member.member._apply(old, None, why="")
+        without = member.member._snapshot(1.0)
+        member.member._apply(new, None, why="")
+        with_learner = member.member._snapshot(1.0)
+    member.member.close()
+
+    assert without.learner is None
+    assert with_learner.learner is not None
+    assert len(dict(with_learner.learner)["replay/action"]) == 50

@@ -18,11 +18,12 @@ reply is an exploit: the network thread pulls the donor's model and learner,
 and the main thread becomes that learner (TrainingEngine.copy_learner) and
 trains on with the explored hyperparameters (fedrl.common.hyperparameters),
 restarting DQN actors whose ε, n-step or γ changed; it keeps its own env
-stream, counters and evaluation seeds. A donor that reported no learner (a
-client without it) gives its model alone: the target network is reset to it
-and Adam's moments cleared. A report still waiting that was taken before the
-adoption is dropped: the server would not keep a model of a generation the
-member has left.
+stream, counters and evaluation seeds. A member reports its learner only to
+a server that keeps it (MemberAssignment.keeps_learner), and a donor that
+reported none (a client or server without it) gives its model alone: the
+target network is reset to it and Adam's moments cleared. A report still
+waiting that was taken before the adoption is dropped: the server would not
+keep a model of a generation the member has left.
 
 Crash safety needs no local file: the server is the record. At start the
 member Enrolls and gets its generation, hyperparameters and, if it had not
@@ -45,7 +46,7 @@ import grpc
 import numpy as np
 
 from fedrl.client.federation.backoff import BackoffPolicy
-from fedrl.client.federation.errors import RejectedError, UnavailableError
+from fedrl.client.federation.errors import UnavailableError
 from fedrl.client.federation.event_record import event_record
 from fedrl.client.federation.federation_client import FederationClient
 from fedrl.client.federation.loop_thread import LoopThread
@@ -145,22 +146,16 @@ class PopulationClient(FederationClient):
         return tensors
 
     async def pull_donor_learner(self, generation: int) -> NamedTensors | None:
-        """The learner reported with that donor model; None where the donor reported none, or
-        the server keeps none (one that predates PullDonorLearner)."""
+        """The learner reported with that donor model; None where the donor reported none."""
         request = pb.PullDonorRequest(
             session=self.session, participant_id=self.participant_id, generation=generation
         )
         call = self._population.PullDonorLearner(
             request, metadata=self._metadata, timeout=self._timeouts.transfer_s
         )
-        try:
-            return await self._receive(
-                call, f"pull of generation {generation}'s donor learner", self._assemble_learner
-            )
-        except RejectedError as exc:
-            if exc.code == grpc.StatusCode.UNIMPLEMENTED:
-                return None
-            raise
+        return await self._receive(
+            call, f"pull of generation {generation}'s donor learner", self._assemble_learner
+        )
 
     async def _assemble_learner(self, call: AsyncIterator[pb.LearnerChunk]) -> NamedTensors | None:
         header: pb.LearnerHeader | None = None
@@ -191,7 +186,7 @@ class _Report:
     episodes: int
     score: float | None
     weights: NamedTensors
-    learner: NamedTensors
+    learner: NamedTensors | None
 
 
 @dataclass(frozen=True)
@@ -237,6 +232,7 @@ class PopulationMember:
         self._in_flight: Future[_Outcome] | None = None
         self._goal: fpb.GoalState | None = None
         self._replay_transitions = 0
+        self._keeps_learner = False
         self.generation = 0
         """Exploits so far: the generation this member trains in."""
         self.reports = 0
@@ -323,7 +319,9 @@ class PopulationMember:
             weights=self._engine.weights(),
             learner=self._engine.learner_state(
                 replay_transitions=self._replay_transitions, max_replay_bytes=MAX_REPLAY_BYTES
-            ),
+            )
+            if self._keeps_learner
+            else None,
         )
         self._next_sequence += 1
         return report
@@ -354,7 +352,9 @@ class PopulationMember:
 
     async def _pull_donor(self, generation: int) -> _Donor:
         model = await self._retrying(lambda c: c.pull_donor(generation))
-        learner = await self._retrying(lambda c: c.pull_donor_learner(generation))
+        learner = None
+        if self._keeps_learner:
+            learner = await self._retrying(lambda c: c.pull_donor_learner(generation))
         return _Donor(model, learner)
 
     def _take(self, outcome: _Outcome) -> None:
@@ -375,6 +375,7 @@ class PopulationMember:
     def _apply(self, assignment: pb.MemberAssignment, donor: _Donor | None, *, why: str) -> None:
         """Take the server's assignment: a new generation's donor learner and hyperparameters."""
         self._replay_transitions = assignment.replay_transitions
+        self._keeps_learner = assignment.keeps_learner
         values = dict(assignment.hyperparameters)
         if assignment.generation <= self.generation and values == dict(
             self._engine.hyperparameters()

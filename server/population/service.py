@@ -177,6 +177,7 @@ class PopulationServicer(pb_grpc.PopulationServicer):
             donor_generation=assignment.donor_generation,
             last_report_sequence=assignment.last_sequence,
             replay_transitions=self._population.replay_transitions,
+            keeps_learner=True,
         )
 
 

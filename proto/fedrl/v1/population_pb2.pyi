@@ -26,7 +26,7 @@ class EnrollRequest(_message.Message):
     def __init__(self, session: _Optional[str] = ..., participant_id: _Optional[str] = ..., hyperparameters: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class MemberAssignment(_message.Message):
-    __slots__ = ("generation", "hyperparameters", "adopt", "donor", "donor_generation", "last_report_sequence", "replay_transitions")
+    __slots__ = ("generation", "hyperparameters", "adopt", "donor", "donor_generation", "last_report_sequence", "replay_transitions", "keeps_learner")
     class HyperparametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class MemberAssignment(_message.Message):
     DONOR_GENERATION_FIELD_NUMBER: _ClassVar[int]
     LAST_REPORT_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     REPLAY_TRANSITIONS_FIELD_NUMBER: _ClassVar[int]
+    KEEPS_LEARNER_FIELD_NUMBER: _ClassVar[int]
     generation: int
     hyperparameters: _containers.ScalarMap[str, float]
     adopt: bool
@@ -48,7 +49,8 @@ class MemberAssignment(_message.Message):
     donor_generation: int
     last_report_sequence: int
     replay_transitions: int
-    def __init__(self, generation: _Optional[int] = ..., hyperparameters: _Optional[_Mapping[str, float]] = ..., adopt: _Optional[bool] = ..., donor: _Optional[str] = ..., donor_generation: _Optional[int] = ..., last_report_sequence: _Optional[int] = ..., replay_transitions: _Optional[int] = ...) -> None: ...
+    keeps_learner: bool
+    def __init__(self, generation: _Optional[int] = ..., hyperparameters: _Optional[_Mapping[str, float]] = ..., adopt: _Optional[bool] = ..., donor: _Optional[str] = ..., donor_generation: _Optional[int] = ..., last_report_sequence: _Optional[int] = ..., replay_transitions: _Optional[int] = ..., keeps_learner: _Optional[bool] = ...) -> None: ...
 
 class ReportHeader(_message.Message):
     __slots__ = ("session", "participant_id", "spec_hash", "sequence", "generation", "env_steps", "episodes", "score", "tensors", "learner")
