@@ -15,7 +15,7 @@ EXTRAS := dev,plot,export,atari,video,games,trading,box2d,bench
 INSTALL_EXTRAS := dev,plot,export,atari,video,games,trading
 
 # The benchmarks run with -m (and type-checked); every other bench/*.py is a script.
-BENCH_MODULES := bench.federation bench.federation_sim
+BENCH_MODULES := bench.federation bench.federation_sim bench.population
 BENCH_SCRIPTS := $(filter-out bench/__init__.py bench/federation_sim.py,$(wildcard bench/*.py))
 
 .PHONY: install lock browser postgres test test-all proto proto-check lint fmt typecheck bench bench-gpu wheelhouse demo clean

@@ -249,8 +249,26 @@ class ServerConfig:
     pbt_ready_steps: int = field(
         default=20_000,
         metadata=doc(
-            "Population sessions: env steps a member trains between two rankings of it "
-            "(its report after that many steps ranks it; PBT's 'ready').",
+            "Population sessions: env steps a member trains after it enrolled or last copied "
+            "another before its reports rank it (PBT's 'ready'); from then on every report "
+            "with a new evaluation ranks it.",
+            section=POPULATION,
+        ),
+    )
+    pbt_score_window: int = field(
+        default=3,
+        metadata=doc(
+            "Population sessions: a member's score is the mean of its last this many "
+            "evaluations since it enrolled or last copied another.",
+            section=POPULATION,
+        ),
+    )
+    pbt_replay_transitions: int = field(
+        default=100_000,
+        metadata=doc(
+            "Population sessions: newest replay transitions a DQN member reports with its "
+            "learner, which a member that copies it takes (0: none; 100,000 is the default "
+            "replay's capacity: all of it).",
             section=POPULATION,
         ),
     )
@@ -368,6 +386,7 @@ class ServerConfig:
             "status_versions": self.status_versions,
             "dashboard_versions": self.dashboard_versions,
             "pbt_ready_steps": self.pbt_ready_steps,
+            "pbt_score_window": self.pbt_score_window,
         }
         for name, value in positive.items():
             if value <= 0:
@@ -392,6 +411,10 @@ class ServerConfig:
             strategy_from_settings(name, rule, self)
         if not 0.0 < self.pbt_quantile <= 0.5:
             raise ValueError(f"pbt_quantile must lie in (0, 0.5], got {self.pbt_quantile}")
+        if self.pbt_replay_transitions < 0:
+            raise ValueError(
+                f"pbt_replay_transitions must be >= 0, got {self.pbt_replay_transitions}"
+            )
         if not 0.0 <= self.pbt_resample_probability <= 1.0:
             raise ValueError(
                 f"pbt_resample_probability must lie in [0, 1], got {self.pbt_resample_probability}"

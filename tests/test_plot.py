@@ -247,7 +247,7 @@ def test_plot_draws_a_populations_hyperparameter_history_and_lineage(tmp_path: P
             enroll(population, pid)
             report(population, pid, spec, [np.zeros(4, np.float32)], sequence=1, score=score)
         decided = report(
-            population, "ann", spec, [np.ones(4, np.float32)], sequence=2, env_steps=100
+            population, "ann", spec, [np.ones(4, np.float32)], sequence=2, env_steps=100, score=5.0
         )
         exported = CliRunner().invoke(
             fedrl_server, ["status", "--data-dir", str(config.data_dir), "--json"]

@@ -1,13 +1,14 @@
 """kill -9 of a population's server at random moments: every decision and model it promised stays.
 
-Three members report as fast as they can, each report's model filled with
-its sequence number, and take every exploit they are given (pulling the
-donor model, retrying through outages). After the kills and a graceful stop
-the state database and the files must agree: every acknowledged report is
-taken, each member's latest model is on disk and is the report it names,
-every exploit not yet adopted still has its donor model, generations run
-without gaps, counters were counted once, and no file is left that no row
-needs.
+Three members report as fast as they can, each report's model and learner
+filled with its sequence number, and take every exploit they are given
+(pulling the donor model and learner, retrying through outages). After the
+kills and a graceful stop the state database and the files must agree:
+every acknowledged report is taken, each member's latest model is on disk
+and is the report it names, with that report's learner beside it, every
+exploit not yet adopted still has its donor model and learner, generations
+run without gaps, counters were counted once, and no file is left that no
+row needs.
 """
 
 from __future__ import annotations
@@ -24,9 +25,16 @@ import pytest
 
 from fedrl.proto.v1 import population_pb2_grpc as pb_grpc
 from fedrl.server.names import DB_FILE
+from fedrl.server.population.population import learner_path
 from fedrl.server.storage.model_store import read_checkpoint
 from tests.support.polling import wait_until
-from tests.support.population import enroll, join_population, pull_donor, report
+from tests.support.population import (
+    enroll,
+    join_population,
+    pull_donor,
+    pull_donor_learner,
+    report,
+)
 from tests.support.ports import free_port
 from tests.support.server_harness import ServerProcess, channel, make_spec
 
@@ -64,10 +72,15 @@ class Reporter(threading.Thread):
                         env_steps=sequence * STEPS_PER_REPORT,
                         episodes=sequence,
                         score=self.rng.uniform(0, 100),
+                        learner=[("position/updates", np.asarray(sequence, np.int64))],
                     )
                     assignment = reply.assignment
                     if assignment.adopt and assignment.generation > generation:
                         pull_donor(stub, self.participant_id, assignment.generation)
+                        copied = pull_donor_learner(
+                            stub, self.participant_id, assignment.generation
+                        )
+                        assert copied is not None, "a donor model came without its learner"
                         generation = assignment.generation
                         self.adopted.append(generation)
                 except grpc.RpcError:
@@ -137,6 +150,8 @@ def test_sigkill_at_random_moments_keeps_every_decision_and_every_model_it_needs
         # Its latest model is the one its row names: filled with that report's sequence.
         ((_, latest),) = read_checkpoint(data / str(path))
         assert (latest == float(last)).all()
+        ((_, updates),) = read_checkpoint(learner_path(data / str(path)))
+        assert int(updates) == last
         own = sorted(g for pid, g, _, _ in generations if pid == reporter.participant_id)
         assert own == list(range(generation + 1))
         # The member adopted what it was told to, in order.
@@ -144,9 +159,15 @@ def test_sigkill_at_random_moments_keeps_every_decision_and_every_model_it_needs
     pending = [donor for _, g, adopted, donor in generations if g > 0 and adopted == 0]
     for donor in pending:
         assert (data / str(donor)).is_file(), f"an unadopted exploit lost its donor model {donor}"
+        assert learner_path(data / str(donor)).is_file(), f"{donor} lost its learner"
     needed = {str(p) for _, (_, _, p, _) in members.items()} | {str(d) for d in pending}
     on_disk = {
         str(path.relative_to(data)) for path in (data / "sessions").rglob("population/*/*.npz")
     }
+    learners = {
+        str(path.relative_to(data))
+        for path in (data / "sessions").rglob("population/*/learner/*.npz")
+    }
     assert on_disk == needed
+    assert learners == {str(learner_path(data / p).relative_to(data)) for p in needed}
     assert sum(1 for _, g, _, _ in generations if g > 0) > 0, "no exploit was ever decided"

@@ -27,7 +27,14 @@ unchanged after a crash.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -56,6 +63,8 @@ from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.proto.v1 import tensor_pb2 as tpb
 
 T = TypeVar("T")
+M = TypeVar("M")
+R = TypeVar("R")
 
 _DEFAULT_LIMITS = DecodeLimits()
 
@@ -393,8 +402,17 @@ class FederationClient:
         self, call: AsyncIterator[pb.ModelChunk], what: str
     ) -> tuple[pb.ModelHeader, NamedTensors]:
         """A model stream's header and tensors, its failures as this module's errors."""
+        return await self._receive(call, what, self._assemble_model)
+
+    async def _receive(
+        self,
+        call: AsyncIterator[M],
+        what: str,
+        assemble: Callable[[AsyncIterator[M]], Awaitable[R]],
+    ) -> R:
+        """What `assemble` makes of a server stream, its failures as this module's errors."""
         try:
-            return await self._assemble_model(call)
+            return await assemble(call)
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, what) from None
         except DecodeError as exc:

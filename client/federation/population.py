@@ -1,20 +1,29 @@
 """A participant as one member of a population session (population-based training).
 
 The member trains alone, as an offline participant would, and after every
-evaluation reports its latest model and score to the server
-(proto/fedrl/v1/population.proto). Training never waits for the network: the
-calls run on an asyncio loop in a background thread, one report in flight at
-a time (a newer evaluation replaces a report still waiting to leave), and the
-main thread looks at the outcome at its next round.
+evaluation reports its latest model, its learner beside it and its score to
+the server (proto/fedrl/v1/population.proto). Training never waits for the
+network: the calls run on an asyncio loop in a background thread, one report
+in flight at a time (a newer evaluation replaces a report still waiting to
+leave), and the main thread looks at the outcome at its next round.
+
+A report's learner (fedrl.client.training.learner_copy) is what another
+member needs to become this one: the DQN target network, Adam's state, the
+schedules' clocks and the newest transitions of the replay (as many as the
+server asks for), or PPO's Adam state and clocks. Model, learner and score
+are taken in one moment of the main thread, so they describe one learner.
 
 When the server ranks the member into the bottom of the population, the
-reply is an exploit: the network thread pulls the donor's model, and the main
-thread adopts it, the DQN target network reset to it and Adam's moments
-cleared (they belong to the member's own weights, not the donor's), and
+reply is an exploit: the network thread pulls the donor's model and learner,
+and the main thread becomes that learner (TrainingEngine.copy_learner) and
 trains on with the explored hyperparameters (fedrl.common.hyperparameters),
-restarting DQN actors whose ε or n-step γ changed. A report still waiting
-that was taken before the adoption is dropped: the server would not keep a
-model of a generation the member has left.
+restarting DQN actors whose ε, n-step or γ changed; it keeps its own env
+stream, counters and evaluation seeds. A member reports its learner only to
+a server that keeps it (MemberAssignment.keeps_learner), and a donor that
+reported none (a client or server without it) gives its model alone: the
+target network is reset to it and Adam's moments cleared. A report still
+waiting that was taken before the adoption is dropped: the server would not
+keep a model of a generation the member has left.
 
 Crash safety needs no local file: the server is the record. At start the
 member Enrolls and gets its generation, hyperparameters and, if it had not
@@ -28,7 +37,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -43,7 +52,8 @@ from fedrl.client.federation.federation_client import FederationClient
 from fedrl.client.federation.loop_thread import LoopThread
 from fedrl.client.training.counters import PollResult
 from fedrl.client.training.engine import TrainingEngine
-from fedrl.common.chunking import NamedTensors, chunk_tensors
+from fedrl.common.chunking import NamedTensors, TensorListAssembler, chunk_tensors
+from fedrl.common.errors import DecodeError
 from fedrl.proto.v1 import federation_pb2 as fpb
 from fedrl.proto.v1 import population_pb2 as pb
 from fedrl.proto.v1 import population_pb2_grpc as pb_grpc
@@ -54,6 +64,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 POPULATION_MODE = "pbt"
+MAX_REPLAY_BYTES = 256 << 20
+"""The most bytes of replay transitions one report carries: well inside a server's default
+decode limit (1 GiB, --max-model-bytes) and a member's memory, whatever the observations (an
+Atari transition's two frame stacks are 56 KB: some 4,700 of them)."""
 
 
 class PopulationError(RuntimeError):
@@ -85,8 +99,10 @@ class PopulationClient(FederationClient):
         episodes: int,
         score: float | None,
         weights: Sequence[tuple[str, np.ndarray]],
+        learner: Sequence[tuple[str, np.ndarray]] | None = None,
     ) -> pb.ReportReply:
-        """The member's full model (float32, so a copy of it is exact) and figures."""
+        """The member's full model (float32, so a copy of it is exact), its learner (its own
+        dtypes) and figures."""
         tensors, chunks = chunk_tensors(
             weights, dtype=tpb.DTYPE_FLOAT32, chunk_bytes=self.chunk_bytes
         )
@@ -102,7 +118,15 @@ class PopulationClient(FederationClient):
         )
         if score is not None:
             header.score = score
-        messages = [pb.ReportChunk(header=header), *(pb.ReportChunk(chunk=c) for c in chunks)]
+        learner_chunks: list[tpb.TensorChunk] = []
+        if learner is not None:
+            learner_header, learner_chunks = chunk_tensors(learner, chunk_bytes=self.chunk_bytes)
+            header.learner.CopyFrom(learner_header)
+        messages = [
+            pb.ReportChunk(header=header),
+            *(pb.ReportChunk(chunk=c) for c in chunks),
+            *(pb.ReportChunk(learner_chunk=c) for c in learner_chunks),
+        ]
         reply: pb.ReportReply = await self._stream_unary(
             self._population.Report, messages, f"report {sequence}"
         )
@@ -121,6 +145,36 @@ class PopulationClient(FederationClient):
         )
         return tensors
 
+    async def pull_donor_learner(self, generation: int) -> NamedTensors | None:
+        """The learner reported with that donor model; None where the donor reported none."""
+        request = pb.PullDonorRequest(
+            session=self.session, participant_id=self.participant_id, generation=generation
+        )
+        call = self._population.PullDonorLearner(
+            request, metadata=self._metadata, timeout=self._timeouts.transfer_s
+        )
+        return await self._receive(
+            call, f"pull of generation {generation}'s donor learner", self._assemble_learner
+        )
+
+    async def _assemble_learner(self, call: AsyncIterator[pb.LearnerChunk]) -> NamedTensors | None:
+        header: pb.LearnerHeader | None = None
+        assembler: TensorListAssembler | None = None
+        async for message in call:
+            if header is None:
+                if not message.HasField("header"):
+                    raise DecodeError("learner stream does not start with its LearnerHeader")
+                header = message.header
+                if header.present:
+                    assembler = TensorListAssembler(header.tensors, self._limits)
+            elif assembler is None or not message.HasField("chunk"):
+                raise DecodeError("a second header, or chunks of no learner, in the stream")
+            else:
+                assembler.add(message.chunk)
+        if header is None:
+            raise DecodeError("empty learner stream")
+        return None if assembler is None else assembler.result()
+
 
 @dataclass(frozen=True)
 class _Report:
@@ -132,12 +186,21 @@ class _Report:
     episodes: int
     score: float | None
     weights: NamedTensors
+    learner: NamedTensors | None
+
+
+@dataclass(frozen=True)
+class _Donor:
+    """What an exploit copies: the donor's model, and its learner if it reported one."""
+
+    model: NamedTensors
+    learner: NamedTensors | None
 
 
 @dataclass(frozen=True)
 class _Outcome:
     reply: pb.ReportReply
-    donor: NamedTensors | None
+    donor: _Donor | None
 
 
 class PopulationMember:
@@ -168,7 +231,8 @@ class PopulationMember:
         self._waiting: _Report | None = None
         self._in_flight: Future[_Outcome] | None = None
         self._goal: fpb.GoalState | None = None
-        self._members = 0
+        self._replay_transitions = 0
+        self._keeps_learner = False
         self.generation = 0
         """Exploits so far: the generation this member trains in."""
         self.reports = 0
@@ -184,7 +248,7 @@ class PopulationMember:
         self._next_sequence = assignment.last_report_sequence + 1
         donor = None
         if assignment.adopt:
-            donor = self._call(self._retrying(lambda c: c.pull_donor(assignment.generation)))
+            donor = self._call(self._pull_donor(assignment.generation))
         self._apply(assignment, donor, why="the server's record of this member")
         return assignment
 
@@ -253,6 +317,11 @@ class PopulationMember:
             episodes=counters.episodes,
             score=score if score is not None and math.isfinite(score) else None,
             weights=self._engine.weights(),
+            learner=self._engine.learner_state(
+                replay_transitions=self._replay_transitions, max_replay_bytes=MAX_REPLAY_BYTES
+            )
+            if self._keeps_learner
+            else None,
         )
         self._next_sequence += 1
         return report
@@ -272,13 +341,21 @@ class PopulationMember:
                 episodes=report.episodes,
                 score=report.score,
                 weights=report.weights,
+                learner=report.learner,
             )
         )
         donor = None
         assignment = reply.assignment
         if assignment.adopt and assignment.generation > report.generation:
-            donor = await self._retrying(lambda c: c.pull_donor(assignment.generation))
+            donor = await self._pull_donor(assignment.generation)
         return _Outcome(reply, donor)
+
+    async def _pull_donor(self, generation: int) -> _Donor:
+        model = await self._retrying(lambda c: c.pull_donor(generation))
+        learner = None
+        if self._keeps_learner:
+            learner = await self._retrying(lambda c: c.pull_donor_learner(generation))
+        return _Donor(model, learner)
 
     def _take(self, outcome: _Outcome) -> None:
         reply = outcome.reply
@@ -295,10 +372,10 @@ class PopulationMember:
             log.info("ranked: %s (%s)", reply.decision, reply.reason)
         self._apply(reply.assignment, outcome.donor, why=reply.reason)
 
-    def _apply(
-        self, assignment: pb.MemberAssignment, donor: NamedTensors | None, *, why: str
-    ) -> None:
-        """Take the server's assignment: a new generation's donor weights and hyperparameters."""
+    def _apply(self, assignment: pb.MemberAssignment, donor: _Donor | None, *, why: str) -> None:
+        """Take the server's assignment: a new generation's donor learner and hyperparameters."""
+        self._replay_transitions = assignment.replay_transitions
+        self._keeps_learner = assignment.keeps_learner
         values = dict(assignment.hyperparameters)
         if assignment.generation <= self.generation and values == dict(
             self._engine.hyperparameters()
@@ -309,15 +386,15 @@ class PopulationMember:
                 raise PopulationError(
                     f"generation {assignment.generation} came without its donor model"
                 )
-            self._engine.set_weights(donor, target="reset")
-            self._engine.learner.reset_optimizer()
+            copied = self._copy(donor)
             # A report taken before the adoption describes a model the member left.
             self._waiting = None
             log.info(
-                "generation %d: copied %s (generation %d); %s",
+                "generation %d: copied %s (generation %d): %s; %s",
                 assignment.generation,
                 assignment.donor,
                 assignment.donor_generation,
+                copied,
                 why,
             )
         self._engine.set_hyperparameters(values)
@@ -330,6 +407,19 @@ class PopulationMember:
                 hyperparameters=values,
             )
         self.generation = assignment.generation
+
+    def _copy(self, donor: _Donor) -> str:
+        """Become the donor: its whole learner where it reported one, else its model alone."""
+        if donor.learner is not None:
+            try:
+                added = self._engine.copy_learner(donor.model, donor.learner)
+            except ValueError as exc:
+                log.warning("the donor's learner does not fit this one (%s): model only", exc)
+            else:
+                return f"its whole learner, {added} replay transitions"
+        self._engine.set_weights(donor.model, target="reset")
+        self._engine.learner.reset_optimizer()
+        return "its model only"
 
     # Internals: calls on the network thread.
 

@@ -159,16 +159,22 @@ class ActorPool:
                 take(actor, fill)
             self._replace(position, restarts=actor.restarts + 1)
 
-    def restart(self) -> None:
+    def restart(self, layout: SlotLayout | None = None) -> None:
         """New actors with the current specs (new hyperparameters); what the old ones held is
-        dropped, and the failure budget is untouched."""
+        dropped, and the failure budget is untouched. A `layout` other than the ring's (a
+        new n-step changes how many rows a slot holds) puts them on a new ring of it."""
         if self.serial is not None:
             self.serial.close()
             self._serial_generation += 1
             self.serial = self._serial_actor(self._serial_generation)
-        for position, actor in enumerate(self.actors):
+        for actor in self.actors:
             actor.process.kill()
             actor.process.join(timeout=5.0)
+        if layout is not None and self.ring is not None and layout != self.ring.layout:
+            self.ring.close()
+            self.ring = SlotRing(layout)
+            self._held.clear()
+        for position, actor in enumerate(self.actors):
             self._replace(position, restarts=actor.restarts)
 
     def pids(self) -> list[int]:

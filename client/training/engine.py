@@ -11,9 +11,10 @@ off-policy (DQN, `LearnerConfig`: fedrl.client.training.replay_schedule) or
 on-policy (PPO, `PPOConfig`: fedrl.client.training.rollout_schedule). The
 engine around them keeps the counts, evaluates, takes part in the learner
 ranks' exchange (fedrl.client.training.distributed), changes
-hyperparameters (population-based training) and adopts models (federation).
-For a two-player game it also runs self-play (fedrl.client.training.self_play):
-the league of opponents its actors draw from, and their ratings.
+hyperparameters and copies whole learners (population-based training), and
+adopts models (federation). For a two-player game it also runs self-play
+(fedrl.client.training.self_play): the league of opponents its actors draw
+from, and their ratings.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from fedrl.client.training.hyperparameters import (
 )
 from fedrl.client.training.learner import Learner
 from fedrl.client.training.learner_config import LearnerConfig, TargetAtAdoption
+from fedrl.client.training.learner_copy import export_learner, import_learner
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.ppo_learner import PPOConfig, PPOLearner
 from fedrl.client.training.q_network import DEFAULT_NETWORK, load_named_arrays
@@ -371,7 +373,11 @@ class TrainingEngine(Closing):
             else None
         )
         if not leads:
+            updates = self.learner.updates
             self.learner.load_state_dict(state["learner"])
+            if self.learner.updates != updates and isinstance(self._schedule, ReplaySchedule):
+                # Rank 0 took another learner's state (copy_learner) and restarted its credit.
+                self._schedule.restart_credit()
             counters = dict(state["counters"])
             counters["recent_returns"] = tuple(counters["recent_returns"])
             self.restore_counters(Counters(**counters))
@@ -409,6 +415,37 @@ class TrainingEngine(Closing):
         self._state_changed = True
         if restart:
             self._schedule.restart_actors()
+
+    # -- a whole learner (population-based training's exploit) ----------------
+
+    def learner_state(
+        self, *, replay_transitions: int, max_replay_bytes: int
+    ) -> list[tuple[str, npt.NDArray[Any]]]:
+        """The learner's state beside its weights, with its newest `replay_transitions`
+        transitions (DQN) as far as `max_replay_bytes` holds them: what a member that copies
+        this one takes (fedrl.client.training.learner_copy)."""
+        return export_learner(
+            self.learner, replay_transitions=replay_transitions, max_replay_bytes=max_replay_bytes
+        )
+
+    def copy_learner(
+        self,
+        model: Sequence[tuple[str, npt.NDArray[Any]]],
+        state: Sequence[tuple[str, npt.NDArray[Any]]],
+    ) -> int:
+        """Become the learner `model` and `state` describe (learner_state of another member):
+        its networks, optimizer state and schedule positions, its replay's transitions joining
+        this one's. The actors get its weights at once, and replay-ratio credit counts from
+        here, so training goes on from where that learner stood. Returns the transitions
+        added; ValueError, changing nothing, if the state does not fit this learner.
+        """
+        added = import_learner(self.learner, model, state)
+        if isinstance(self._schedule, ReplaySchedule):
+            self._schedule.restart_credit()
+        self._state_changed = True
+        if self._started:
+            self._schedule.publish()
+        return added
 
     # -- evaluation ------------------------------------------------------------
 

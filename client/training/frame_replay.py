@@ -441,6 +441,15 @@ class FrameReplay(ReplayStore):
             discount=self._discount[slots],
         )
 
+    def recent(self, count: int) -> LearnerTransitions:
+        """The newest `count` live transitions (all, if fewer), oldest first, stacks rebuilt."""
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        held = min(self._written, self._capacity)
+        newest_first = (self._written - 1 - np.arange(held)) % self._capacity
+        live = newest_first[self._live[newest_first]][:count]
+        return self.transitions(live[::-1])
+
     # -- sampling ------------------------------------------------------------
 
     def sample(self, batch_size: int, beta: float) -> SampledBatch:

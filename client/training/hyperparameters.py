@@ -21,19 +21,25 @@ Hyperparameters = Mapping[str, float]
 # (config, field) of each searched name: "engine" is EngineConfig, "learner" the learner's.
 _DQN_FIELDS = {
     "lr": ("learner", "lr"),
+    "replay_ratio": ("engine", "replay_ratio"),
+    "n_step": ("engine", "n_step"),
+    "target_update_interval": ("learner", "target_update_interval"),
     "gamma": ("learner", "gamma"),
     "exploration_base": ("engine", "exploration_base"),
-    "target_update_interval": ("learner", "target_update_interval"),
 }
 _PPO_FIELDS = {
     "lr": ("learner", "ppo_lr"),
-    "gamma": ("learner", "ppo_gamma"),
-    "clip_range": ("learner", "clip_range"),
     "entropy_coef": ("learner", "entropy_coef"),
+    "clip_range": ("learner", "clip_range"),
+    "gae_lambda": ("learner", "gae_lambda"),
 }
 
-_ACTOR_FIELDS = frozenset({"gamma", "exploration_base"})
-"""DQN hyperparameters its actors hold from their start: the n-step γ and the ε ladder."""
+_WHOLE = frozenset({"n_step", "target_update_interval"})
+"""Fields that are ints in their configs."""
+
+_ACTOR_FIELDS = frozenset({"gamma", "exploration_base", "n_step"})
+"""DQN hyperparameters its actors hold from their start: the n-step return's length and γ,
+and the ε ladder."""
 
 
 def _fields(learner: LearnerConfig | PPOConfig) -> Mapping[str, tuple[str, str]]:
@@ -63,7 +69,7 @@ def with_hyperparameters(
     changes: dict[str, dict[str, Any]] = {"engine": {}, "learner": {}}
     for name, value in values.items():
         where, field = fields[name]
-        changes[where][field] = int(value) if field == "target_update_interval" else float(value)
+        changes[where][field] = round(value) if field in _WHOLE else float(value)
     return (
         dataclasses.replace(engine, **changes["engine"]),
         dataclasses.replace(learner, **changes["learner"]),

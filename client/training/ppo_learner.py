@@ -35,7 +35,7 @@ STATE_FORMAT = 1
 
 Amp = Literal["auto", "on", "off"]
 
-RECONFIGURABLE = frozenset({"ppo_lr", "ppo_gamma", "clip_range", "entropy_coef"})
+RECONFIGURABLE = frozenset({"ppo_lr", "entropy_coef", "clip_range", "gae_lambda"})
 """PPOConfig fields a running learner may change (PPOLearner.reconfigure)."""
 
 

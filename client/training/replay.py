@@ -37,6 +37,10 @@ class Replay(Protocol):
 
     def update_priorities(self, indices: np.ndarray, td_abs: np.ndarray) -> None: ...
 
+    def recent(self, count: int) -> LearnerTransitions:
+        """The newest `count` transitions (all it holds, if fewer), oldest first."""
+        ...
+
     @property
     def nbytes(self) -> int:
         """Memory the replay holds."""
@@ -259,6 +263,20 @@ class PrioritizedReplay(ReplayStore):
         mirror.write_rows(slots, *(column[slots] for column in columns))
         if self._tree is not None:
             mirror.set_priorities(slots, self._tree.get(slots), self._max_priority)
+
+    def recent(self, count: int) -> LearnerTransitions:
+        """The newest `count` transitions (all it holds, if fewer), oldest first: copies."""
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        count = min(count, self._size)
+        slots = (self._next - count + np.arange(count)) % self._capacity
+        return LearnerTransitions(
+            obs=self._obs[slots],
+            action=self._action[slots],
+            reward=self._reward[slots],
+            next_obs=self._next_obs[slots],
+            discount=self._discount[slots],
+        )
 
     def sample(self, batch_size: int, beta: float) -> SampledBatch:
         """Draw batch_size transitions (with replacement) and their weights."""

@@ -190,6 +190,23 @@ class ReplaySchedule(Schedule[Learner]):
         self._weights_on_their_way = None
         super().publish()
 
+    def set_config(self, config: EngineConfig) -> None:
+        """Take the engine's new config; a new replay ratio counts its credit from now on."""
+        if config.replay_ratio != self.config.replay_ratio:
+            self.restart_credit()
+        super().set_config(config)
+
+    def restart_credit(self) -> None:
+        """Count replay-ratio credit from now: after a new ratio, or after the learner took
+        another's state (population-based training), whose update count is not the one this
+        schedule has been paying off. Without it, the updates the copy brought would stand
+        as a debt the learner sits out, or a ratio change would apply to all past steps."""
+        if self._steps_when_ready is None:
+            return
+        self._steps_when_ready = self._tally.env_steps
+        self._updates_when_ready = self.learner.updates
+        self._foreign_credit_when_ready = self._tally.foreign_credit
+
     def _owed_updates(self, ready: bool) -> int:
         if not self.learns or not ready:
             return 0

@@ -126,6 +126,8 @@ class Schedule(ABC, Generic[L]):
         self.pool.check(self.take_fill)
 
     def restart_actors(self) -> None:
-        """New actors with the current specs, holding the learner's current weights."""
-        self.pool.restart()
+        """New actors with the current specs, holding the learner's current weights (on a
+        ring laid out for the current config)."""
+        actors = len(self.pool.actors)
+        self.pool.restart(self.ring_layout(actors) if actors else None)
         self.publish()

@@ -17,7 +17,12 @@ kill in between, at the next start). So the latest model of every member, and
 the donor model of every exploit not yet adopted, are always on disk.
 
 Files: `<data dir>/sessions/<session>/population/<member>/vNNNNNNNN.npz`,
-NNNNNNNN the report's sequence: plain numpy archives, as global checkpoints.
+NNNNNNNN the report's sequence: plain numpy archives, as global checkpoints;
+the learner reported with that model (ReportHeader.learner: target network,
+optimizer state, schedule positions, newest replay transitions, opaque
+here) beside it in `<member>/learner/vNNNNNNNN.npz`, written before the
+model and deleted with it, so a model a row names has its learner whenever
+the member sent one.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from fedrl.server.transport.request_fields import check_int, check_metric
 log = logging.getLogger(__name__)
 
 POPULATION_DIR = "population"
+LEARNER_DIR = "learner"
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,15 @@ class DonorModel:
     tensors: NamedTensors
 
 
+@dataclass(frozen=True)
+class DonorLearner:
+    """What PullDonorLearner streams: None when the donor reported no learner."""
+
+    session: str
+    generation: int
+    tensors: NamedTensors | None
+
+
 class Population:
     """Every population session of one server."""
 
@@ -98,6 +113,7 @@ class Population:
             ready_steps=config.pbt_ready_steps,
             quantile=config.pbt_quantile,
             resample_probability=config.pbt_resample_probability,
+            score_window=config.pbt_score_window,
         )
         self._stores: dict[tuple[str, str], ModelStore] = {}
 
@@ -128,10 +144,18 @@ class Population:
         self._federation.population_changed(session)
         return assignment
 
+    @property
+    def replay_transitions(self) -> int:
+        """Newest replay transitions a DQN member sends with its learner (MemberAssignment)."""
+        return self._config.pbt_replay_transitions
+
     # Report.
 
-    async def report(self, request: ReportRequest, tensors: NamedTensors) -> ReportOutcome:
-        """Keep the member's model and figures; rank it when it is ready (module docstring)."""
+    async def report(
+        self, request: ReportRequest, tensors: NamedTensors, learner: NamedTensors | None = None
+    ) -> ReportOutcome:
+        """Keep the member's model, its learner and figures; rank it when it is ready (module
+        docstring)."""
         session = self._population(request.session)
         pid = self._federation.member(session, request.participant_id)
         session.check_hash(request.spec_hash)
@@ -141,7 +165,9 @@ class Population:
         path = ""
         if request.sequence > known.last_sequence and request.generation >= known.generation:
             checked = await asyncio.to_thread(check_tensors, session.spec, tensors, what="report")
-            path = await asyncio.to_thread(self._write, session.name, pid, request, checked)
+            path = await asyncio.to_thread(
+                self._write, session.name, pid, request, checked, learner
+            )
         member_report = MemberReport(
             session=session.name,
             participant_id=pid,
@@ -194,6 +220,25 @@ class Population:
             ) from None
         return DonorModel(session.name, generation, session.spec_hash, tensors)
 
+    async def donor_learner(
+        self, session_name: str, participant_id: str, generation: int
+    ) -> DonorLearner:
+        """The learner reported with the model `donor` serves for the same generation."""
+        model = await self.donor(session_name, participant_id, generation)
+        path = await self._db(
+            lambda db: records.donor_checkpoint(
+                db.connection, model.session, participant_id, generation
+            )
+        )
+        assert path is not None
+        try:
+            tensors = await asyncio.to_thread(
+                read_checkpoint, learner_path(self._config.data_dir / path)
+            )
+        except FileNotFoundError:
+            tensors = None
+        return DonorLearner(model.session, generation, tensors)
+
     # Internals.
 
     def _population(self, session_name: str) -> Session:
@@ -234,9 +279,20 @@ class Population:
             self._stores[key] = ModelStore(self._root(session) / safe_dirname(pid))
         return self._stores[key]
 
-    def _write(self, session: str, pid: str, request: ReportRequest, tensors: NamedTensors) -> str:
+    def _write(
+        self,
+        session: str,
+        pid: str,
+        request: ReportRequest,
+        tensors: NamedTensors,
+        learner: NamedTensors | None,
+    ) -> str:
+        """The learner's file, then the model's: a model on disk has its learner beside it."""
+        store = self._store(session, pid)
         try:
-            path = self._store(session, pid).write(request.sequence, tensors)
+            if learner:
+                ModelStore(store.root / LEARNER_DIR).write(request.sequence, learner)
+            path = store.write(request.sequence, tensors)
         except ValueError as exc:
             # The same sequence with another model: a client that lost count.
             raise InvalidRequestError(f"report {request.sequence}: {exc}") from None
@@ -244,19 +300,29 @@ class Population:
 
     def _delete(self, paths: tuple[str, ...]) -> None:
         for path in paths:
-            (self._config.data_dir / path).unlink(missing_ok=True)
+            model = self._config.data_dir / path
+            model.unlink(missing_ok=True)
+            learner_path(model).unlink(missing_ok=True)
 
     def _remove_unneeded(self, session: str, kept: set[str]) -> None:
         root = self._root(session)
         if not root.is_dir():
             return
         for member in root.iterdir():
-            store = ModelStore(member)
-            for sequence in store.versions():
-                path = store.path(sequence)
-                if str(path.relative_to(self._config.data_dir)) not in kept:
-                    log.info("population %r: removing %s, which no record needs", session, path)
-                    path.unlink()
+            learners = member / LEARNER_DIR
+            stores = [ModelStore(member), *([ModelStore(learners)] if learners.is_dir() else [])]
+            for store in stores:
+                for sequence in store.versions():
+                    path = store.path(sequence)
+                    model = member / path.name
+                    if str(model.relative_to(self._config.data_dir)) not in kept:
+                        log.info("population %r: removing %s, which no record needs", session, path)
+                        path.unlink()
+
+
+def learner_path(model: Path) -> Path:
+    """Where the learner reported with the model file `model` is kept."""
+    return model.parent / LEARNER_DIR / model.name
 
 
 def _referenced(db: StateDB, session: str) -> set[str]:

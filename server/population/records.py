@@ -1,15 +1,29 @@
 """A population session's records in the state database: members, generations, decisions.
 
-Two tables beside the federation's, in the same database file (the
+Three tables beside the federation's, in the same database file (the
 population creates them as it opens; which sessions are populations is the
 state database's own populations table):
 
 - members: one row per member: its generation and hyperparameters now, its
-  latest score, env steps and report, and when it was last ranked.
+  score, env steps and latest report.
 - member_generations: one row per generation of each member, never changed
   but for adopted_ms: generation 0 as it enrolled, then each exploit with its
-  donor, the donor's model at that moment (donor_checkpoint) and the explored
-  hyperparameters. Lineage and hyperparameter history are this table.
+  donor, the donor's report at that moment (donor_checkpoint) and the
+  explored hyperparameters. Lineage and hyperparameter history are this table.
+- member_scores: the member's last evaluations in its current generation,
+  at most the window's (Ranking.score_window); its score is their mean.
+
+The rule (Jaderberg et al. 2017, §3-4): a member's score is the mean of its
+last few evaluations since its generation began (one evaluation of a few
+episodes is noisy; older ones describe weights it has moved on from, and
+those before an exploit weights it has left). A member is ready once it has
+trained `ready_steps` env steps of its own since its generation began, and
+is then ranked at every report that carries a new evaluation, on that
+fresh score; a report without one ranks nobody. An exploit takes the
+member's score away until it reports from its new generation, so neither it
+nor anyone else is ranked against a score of weights it no longer has. A
+member that trains slowly is ranked as often in its own env steps as a fast
+one, always on its own latest evaluations.
 
 `record_report` runs inside one write transaction: the member's new figures,
 its counters into the participant's and the session's, and, when it is
@@ -44,7 +58,6 @@ CREATE TABLE IF NOT EXISTS members (
     score REAL,
     env_steps INTEGER NOT NULL DEFAULT 0,
     episodes INTEGER NOT NULL DEFAULT 0,
-    ranked_at INTEGER NOT NULL DEFAULT 0,
     rankings INTEGER NOT NULL DEFAULT 0,
     last_sequence INTEGER NOT NULL DEFAULT 0,
     checkpoint TEXT NOT NULL DEFAULT '',
@@ -65,6 +78,14 @@ CREATE TABLE IF NOT EXISTS member_generations (
     created_ms INTEGER NOT NULL,
     adopted_ms INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (session, participant_id, generation)
+);
+CREATE TABLE IF NOT EXISTS member_scores (
+    session TEXT NOT NULL REFERENCES sessions(name),
+    participant_id TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    sequence INTEGER NOT NULL,
+    score REAL NOT NULL,
+    PRIMARY KEY (session, participant_id, sequence)
 );
 """
 
@@ -107,8 +128,11 @@ class Ranking:
     """The server's population-based training settings."""
 
     ready_steps: int
+    """Env steps of its own a member trains in a generation before its reports rank it."""
     quantile: float
     resample_probability: float
+    score_window: int
+    """Evaluations of its current generation a member's score averages."""
 
 
 @dataclass(frozen=True)
@@ -182,13 +206,13 @@ def record_report(
     """Take one report inside the caller's transaction (module docstring)."""
     session, pid = report.session, report.participant_id
     row = conn.execute(
-        "SELECT generation, hyperparameters, env_steps, episodes, ranked_at, rankings, "
-        "last_sequence, checkpoint, score FROM members WHERE session=? AND participant_id=?",
+        "SELECT generation, env_steps, episodes, rankings, last_sequence, checkpoint "
+        "FROM members WHERE session=? AND participant_id=?",
         (session, pid),
     ).fetchone()
     if row is None:
         raise NotEnrolledError(f"{pid} has not enrolled in population {session!r}")
-    generation, _, env_steps, episodes, ranked_at, rankings, last_sequence, old_file, score = row
+    generation, env_steps, episodes, rankings, last_sequence, old_file = row
     if report.generation > generation:
         raise ValueError(
             f"generation {report.generation} is ahead of the server's {generation} for {pid}"
@@ -203,40 +227,25 @@ def record_report(
         "AND generation=? AND adopted_ms=0",
         (now, session, pid, generation),
     ).rowcount
-    adopted_donor_file = ""
-    if adopted:
-        (adopted_donor_file,) = conn.execute(
-            "SELECT donor_checkpoint FROM member_generations WHERE session=? AND "
-            "participant_id=? AND generation=?",
-            (session, pid, generation),
-        ).fetchone()
+    donor_file, generation_start = conn.execute(
+        "SELECT donor_checkpoint, env_steps FROM member_generations WHERE session=? AND "
+        "participant_id=? AND generation=?",
+        (session, pid, generation),
+    ).fetchone()
+    adopted_donor_file = donor_file if adopted else ""
     new_steps = max(env_steps, report.env_steps)
     new_episodes = max(episodes, report.episodes)
     _count(conn, report, episodes=new_episodes - episodes, env_steps=new_steps - env_steps)
-    latest_score = report.score if report.score is not None else score
+    score = _take_score(conn, report, window=ranking.score_window)
     conn.execute(
         "UPDATE members SET score=?, env_steps=?, episodes=?, last_sequence=?, checkpoint=?, "
         "reported_ms=? WHERE session=? AND participant_id=?",
-        (
-            latest_score,
-            new_steps,
-            new_episodes,
-            report.sequence,
-            report.checkpoint,
-            now,
-            session,
-            pid,
-        ),
+        (score, new_steps, new_episodes, report.sequence, report.checkpoint, now, session, pid),
     )
     verdict = None
-    if new_steps - ranked_at >= ranking.ready_steps:
+    if report.score is not None and new_steps - generation_start >= ranking.ready_steps:
         verdict = _rank(
-            conn,
-            report,
-            rankings=rankings,
-            env_steps=new_steps,
-            score=latest_score,
-            ranking=ranking,
+            conn, report, rankings=rankings, env_steps=new_steps, score=score, ranking=ranking
         )
     released = tuple(
         path
@@ -255,6 +264,29 @@ def record_report(
         goal_total=total,
         goal_done=done,
     )
+
+
+def _take_score(conn: sqlite3.Connection, report: MemberReport, *, window: int) -> float | None:
+    """Add the report's evaluation to the member's window; the window's mean (None if empty)."""
+    session, pid = report.session, report.participant_id
+    if report.score is not None:
+        conn.execute(
+            "INSERT INTO member_scores (session, participant_id, generation, sequence, score) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (session, pid, report.generation, report.sequence, report.score),
+        )
+        conn.execute(
+            "DELETE FROM member_scores WHERE session=? AND participant_id=? AND sequence NOT IN "
+            "(SELECT sequence FROM member_scores WHERE session=? AND participant_id=? "
+            "ORDER BY sequence DESC LIMIT ?)",
+            (session, pid, session, pid, window),
+        )
+    (mean,) = conn.execute(
+        "SELECT AVG(score) FROM member_scores WHERE session=? AND participant_id=? "
+        "AND generation=?",
+        (session, pid, report.generation),
+    ).fetchone()
+    return None if mean is None else float(mean)
 
 
 def _rank(
@@ -280,8 +312,8 @@ def _rank(
     rng = random.Random(decision_seed(session, pid, rankings))
     verdict = judge(pid, scores, quantile=ranking.quantile, rng=rng)
     conn.execute(
-        "UPDATE members SET ranked_at=?, rankings=rankings+1 WHERE session=? AND participant_id=?",
-        (env_steps, session, pid),
+        "UPDATE members SET rankings=rankings+1 WHERE session=? AND participant_id=?",
+        (session, pid),
     )
     if verdict.decision != "exploit":
         return verdict
@@ -317,10 +349,13 @@ def _rank(
             report.now_ms,
         ),
     )
+    # The scores so far describe weights the member is about to leave.
     conn.execute(
-        "UPDATE members SET generation=?, hyperparameters=? WHERE session=? AND participant_id=?",
+        "UPDATE members SET generation=?, hyperparameters=?, score=NULL "
+        "WHERE session=? AND participant_id=?",
         (generation + 1, values, session, pid),
     )
+    conn.execute("DELETE FROM member_scores WHERE session=? AND participant_id=?", (session, pid))
     return verdict
 
 

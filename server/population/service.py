@@ -6,7 +6,7 @@ is decoded (transport/uploads.py), calls Population, and answers refusals
 with their status codes (transport/call_context.py).
 """
 
-# The generated servicer base class fixes the method names (Enroll, Report, PullDonor).
+# The generated servicer base class fixes the method names (Enroll, Report, PullDonor, ...).
 # ruff: noqa: N802
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from fedrl.server.refusals import InvalidRequestError
 from fedrl.server.transport.call_context import REFUSALS, Context, abort, acting_as, limits_key
 from fedrl.server.transport.grpc_server import ServiceRegistration
 from fedrl.server.transport.limits import CallLimits, LimitsConfig
-from fedrl.server.transport.uploads import assemble_upload, first_message, upload_bytes
+from fedrl.server.transport.uploads import assemble_uploads, first_message, upload_bytes
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Population"].full_name
 
@@ -46,7 +46,10 @@ class PopulationServicer(pb_grpc.PopulationServicer):
         self._population = population
         self._limits = limits
         self._chunk_bytes = chunk_bytes
-        self._calls = CallLimits(call_limits, max_upload_bytes=upload_bytes(limits), what="report")
+        # A report uploads two lists, its model and its learner, each within the limits.
+        self._calls = CallLimits(
+            call_limits, max_upload_bytes=2 * upload_bytes(limits), what="report"
+        )
 
     def registration(self) -> ServiceRegistration:
         """This servicer as a service of the server."""
@@ -60,7 +63,7 @@ class PopulationServicer(pb_grpc.PopulationServicer):
             )
         except REFUSALS as exc:
             await abort(context, exc)
-        return _assignment(assignment)
+        return self._assignment(assignment)
 
     async def Report(
         self, request_iterator: AsyncIterator[pb.ReportChunk], context: Context
@@ -92,13 +95,16 @@ class PopulationServicer(pb_grpc.PopulationServicer):
             episodes=header.episodes,
             score=header.score if header.HasField("score") else None,
         )
-        tensors = await assemble_upload(header.tensors, messages, "report", self._limits)
-        outcome = await self._population.report(request, tensors)
+        headers = {"chunk": header.tensors}
+        if header.HasField("learner"):
+            headers["learner_chunk"] = header.learner
+        lists = await assemble_uploads(headers, messages, "report", self._limits)
+        outcome = await self._population.report(request, lists["chunk"], lists.get("learner_chunk"))
         verdict = outcome.verdict
         return pb.ReportReply(
             sequence=request.sequence,
             duplicate=outcome.duplicate,
-            assignment=_assignment(outcome.assignment),
+            assignment=self._assignment(outcome.assignment),
             decision="" if verdict is None else verdict.decision,
             reason=_reason(outcome.stale, verdict.reason if verdict else ""),
             goal=goal_state(outcome.goal_total, outcome.goal_done),
@@ -132,16 +138,47 @@ class PopulationServicer(pb_grpc.PopulationServicer):
             for chunk in chunks:
                 yield fpb.ModelChunk(chunk=chunk)
 
+    async def PullDonorLearner(
+        self, request: pb.PullDonorRequest, context: Context
+    ) -> AsyncIterator[pb.LearnerChunk]:
+        with ExitStack() as open_stream:
+            try:
+                open_stream.enter_context(self._calls.streams.hold(limits_key(context)))
+                pid = acting_as(context, request.participant_id)
+                donor = await self._population.donor_learner(
+                    request.session, pid, request.generation
+                )
+                header, chunks = tpb.TensorListHeader(), list[tpb.TensorChunk]()
+                if donor.tensors is not None:
+                    # As reported: float32 state, int64 counters, the replay's own dtypes.
+                    header, chunks = await asyncio.to_thread(
+                        chunk_tensors, donor.tensors, chunk_bytes=self._chunk_bytes
+                    )
+            except REFUSALS as exc:
+                await abort(context, exc)
+                return
+            yield pb.LearnerChunk(
+                header=pb.LearnerHeader(
+                    session=donor.session,
+                    generation=donor.generation,
+                    present=donor.tensors is not None,
+                    tensors=header,
+                )
+            )
+            for chunk in chunks:
+                yield pb.LearnerChunk(chunk=chunk)
 
-def _assignment(assignment: Assignment) -> pb.MemberAssignment:
-    return pb.MemberAssignment(
-        generation=assignment.generation,
-        hyperparameters=assignment.hyperparameters,
-        adopt=assignment.adopt,
-        donor=assignment.donor,
-        donor_generation=assignment.donor_generation,
-        last_report_sequence=assignment.last_sequence,
-    )
+    def _assignment(self, assignment: Assignment) -> pb.MemberAssignment:
+        return pb.MemberAssignment(
+            generation=assignment.generation,
+            hyperparameters=assignment.hyperparameters,
+            adopt=assignment.adopt,
+            donor=assignment.donor,
+            donor_generation=assignment.donor_generation,
+            last_report_sequence=assignment.last_sequence,
+            replay_transitions=self._population.replay_transitions,
+            keeps_learner=True,
+        )
 
 
 def _reason(stale: bool, reason: str) -> str:

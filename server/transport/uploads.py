@@ -8,7 +8,7 @@ checks the declared sizes against its limits before it reads a byte of them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
@@ -33,40 +33,72 @@ async def assemble_upload(
     what: str,
     limits: DecodeLimits,
 ) -> NamedTensors:
-    """The tensors of a stream whose header was read; every later message must be a chunk.
+    """The tensors of a stream whose header was read; every later message must be a chunk."""
+    lists = await assemble_uploads({"chunk": header}, messages, what, limits)
+    return lists["chunk"]
 
-    Chunks are gathered on the event loop, bounded by the list header the
-    assembler has already checked against the limits; decompressing and
-    converting them (tens of ms for a 1M-parameter model) runs on a worker
-    thread so other calls are not held up meanwhile.
+
+async def assemble_uploads(
+    headers: Mapping[str, tpb.TensorListHeader],
+    messages: AsyncIterator[Any],
+    what: str,
+    limits: DecodeLimits,
+) -> dict[str, NamedTensors]:
+    """The tensor lists of a stream whose header was read, by the field their chunks come in.
+
+    Every later message must be a chunk of one of them (a Population report
+    sends its model's chunks in `chunk`, then its learner's in
+    `learner_chunk`), each list within the limits on its own. Chunks are
+    gathered on the event loop, bounded by the list headers the assemblers
+    have already checked against the limits; decompressing and converting
+    them (tens of ms for a 1M-parameter model) runs on a worker thread so
+    other calls are not held up meanwhile.
     """
-    _check_declared_size(header, what, limits)
-    assembler = TensorListAssembler(header, limits)
-    chunks: list[tpb.TensorChunk] = []
-    received = 0
+    for field, header in headers.items():
+        _check_declared_size(header, _list_name(what, field), limits)
+    assemblers = {field: TensorListAssembler(header, limits) for field, header in headers.items()}
+    chunks: dict[str, list[tpb.TensorChunk]] = {field: [] for field in headers}
+    received = dict.fromkeys(headers, 0)
     async for message in messages:
-        if not message.HasField("chunk"):
-            raise InvalidRequestError(f"a second header inside the {what} stream")
-        if len(message.chunk.data) > limits.max_chunk_bytes:
+        present = [name for name in headers if message.HasField(name)]
+        if not present:
+            raise InvalidRequestError(
+                f"a {what} stream holds its header, then chunks of "
+                f"{' and '.join(_list_name(what, f) for f in headers)} only"
+            )
+        field = present[0]
+        chunk = getattr(message, field)
+        name = _list_name(what, field)
+        if len(chunk.data) > limits.max_chunk_bytes:
             raise LimitExceededError(
-                f"{what} chunk {message.chunk.index} carries {len(message.chunk.data)} bytes, "
+                f"{name} chunk {chunk.index} carries {len(chunk.data)} bytes, "
                 f"above this server's chunk limit of {limits.max_chunk_bytes} "
                 "(--chunk-bytes; JoinReply.config.chunk_bytes)"
             )
-        received += len(message.chunk.data)
-        if received > header.total_encoded_size:
+        received[field] += len(chunk.data)
+        if received[field] > headers[field].total_encoded_size:
             raise DecodeError(
-                f"{what} stream carries more than its declared "
-                f"{header.total_encoded_size} encoded bytes"
+                f"{name} stream carries more than its declared "
+                f"{headers[field].total_encoded_size} encoded bytes"
             )
-        chunks.append(message.chunk)
-    if not chunks or not chunks[-1].last:
-        # What a cancel or a cut connection looks like from here: grpc ends
-        # the request stream before it marks the call cancelled.
-        raise IncompleteUploadError(
-            f"the {what} stream ended before its final chunk (cut or cancelled)"
-        )
-    return await asyncio.to_thread(_decode, assembler, chunks)
+        chunks[field].append(chunk)
+    for field in headers:
+        if not chunks[field] or not chunks[field][-1].last:
+            # What a cancel or a cut connection looks like from here: grpc ends
+            # the request stream before it marks the call cancelled.
+            raise IncompleteUploadError(
+                f"the {_list_name(what, field)} stream ended before its final chunk "
+                "(cut or cancelled)"
+            )
+    return {
+        field: await asyncio.to_thread(_decode, assemblers[field], chunks[field])
+        for field in headers
+    }
+
+
+def _list_name(what: str, field: str) -> str:
+    """A list's name in messages: the stream's (`chunk`), or with its field's ("report learner")."""
+    return what if field == "chunk" else f"{what} {field.removesuffix('_chunk')}"
 
 
 def _check_declared_size(header: tpb.TensorListHeader, what: str, limits: DecodeLimits) -> None:

@@ -26,7 +26,7 @@ from fedrl.proto.v1 import federation_pb2 as fedrl_dot_v1_dot_federation__pb2
 from fedrl.proto.v1 import tensor_pb2 as fedrl_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x65\x64rl/v1/population.proto\x12\x08\x66\x65\x64rl.v1\x1a\x19\x66\x65\x64rl/v1/federation.proto\x1a\x15\x66\x65\x64rl/v1/tensor.proto\"\xb7\x01\n\rEnrollRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x16\n\x0eparticipant_id\x18\x02 \x01(\t\x12\x45\n\x0fhyperparameters\x18\x03 \x03(\x0b\x32,.fedrl.v1.EnrollRequest.HyperparametersEntry\x1a\x36\n\x14HyperparametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xfe\x01\n\x10MemberAssignment\x12\x12\n\ngeneration\x18\x01 \x01(\r\x12H\n\x0fhyperparameters\x18\x02 \x03(\x0b\x32/.fedrl.v1.MemberAssignment.HyperparametersEntry\x12\r\n\x05\x61\x64opt\x18\x03 \x01(\x08\x12\r\n\x05\x64onor\x18\x04 \x01(\t\x12\x18\n\x10\x64onor_generation\x18\x05 \x01(\r\x12\x1c\n\x14last_report_sequence\x18\x06 \x01(\x04\x1a\x36\n\x14HyperparametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xe0\x01\n\x0cReportHeader\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x16\n\x0eparticipant_id\x18\x02 \x01(\t\x12\x11\n\tspec_hash\x18\x03 \x01(\t\x12\x10\n\x08sequence\x18\x04 \x01(\x04\x12\x12\n\ngeneration\x18\x05 \x01(\r\x12\x11\n\tenv_steps\x18\x06 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x07 \x01(\x04\x12\x12\n\x05score\x18\x08 \x01(\x01H\x00\x88\x01\x01\x12+\n\x07tensors\x18\t \x01(\x0b\x32\x1a.fedrl.v1.TensorListHeaderB\x08\n\x06_score\"g\n\x0bReportChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.fedrl.v1.ReportHeaderH\x00\x12&\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x15.fedrl.v1.TensorChunkH\x00\x42\x06\n\x04part\"\xa7\x01\n\x0bReportReply\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x11\n\tduplicate\x18\x02 \x01(\x08\x12.\n\nassignment\x18\x03 \x01(\x0b\x32\x1a.fedrl.v1.MemberAssignment\x12\x10\n\x08\x64\x65\x63ision\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12!\n\x04goal\x18\x06 \x01(\x0b\x32\x13.fedrl.v1.GoalState\"O\n\x10PullDonorRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x16\n\x0eparticipant_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\r2\xc6\x01\n\nPopulation\x12=\n\x06\x45nroll\x12\x17.fedrl.v1.EnrollRequest\x1a\x1a.fedrl.v1.MemberAssignment\x12\x38\n\x06Report\x12\x15.fedrl.v1.ReportChunk\x1a\x15.fedrl.v1.ReportReply(\x01\x12?\n\tPullDonor\x12\x1a.fedrl.v1.PullDonorRequest\x1a\x14.fedrl.v1.ModelChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x65\x64rl/v1/population.proto\x12\x08\x66\x65\x64rl.v1\x1a\x19\x66\x65\x64rl/v1/federation.proto\x1a\x15\x66\x65\x64rl/v1/tensor.proto\"\xb7\x01\n\rEnrollRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x16\n\x0eparticipant_id\x18\x02 \x01(\t\x12\x45\n\x0fhyperparameters\x18\x03 \x03(\x0b\x32,.fedrl.v1.EnrollRequest.HyperparametersEntry\x1a\x36\n\x14HyperparametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xb1\x02\n\x10MemberAssignment\x12\x12\n\ngeneration\x18\x01 \x01(\r\x12H\n\x0fhyperparameters\x18\x02 \x03(\x0b\x32/.fedrl.v1.MemberAssignment.HyperparametersEntry\x12\r\n\x05\x61\x64opt\x18\x03 \x01(\x08\x12\r\n\x05\x64onor\x18\x04 \x01(\t\x12\x18\n\x10\x64onor_generation\x18\x05 \x01(\r\x12\x1c\n\x14last_report_sequence\x18\x06 \x01(\x04\x12\x1a\n\x12replay_transitions\x18\x07 \x01(\r\x12\x15\n\rkeeps_learner\x18\x08 \x01(\x08\x1a\x36\n\x14HyperparametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x8d\x02\n\x0cReportHeader\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x16\n\x0eparticipant_id\x18\x02 \x01(\t\x12\x11\n\tspec_hash\x18\x03 \x01(\t\x12\x10\n\x08sequence\x18\x04 \x01(\x04\x12\x12\n\ngeneration\x18\x05 \x01(\r\x12\x11\n\tenv_steps\x18\x06 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x07 \x01(\x04\x12\x12\n\x05score\x18\x08 \x01(\x01H\x00\x88\x01\x01\x12+\n\x07tensors\x18\t \x01(\x0b\x32\x1a.fedrl.v1.TensorListHeader\x12+\n\x07learner\x18\n \x01(\x0b\x32\x1a.fedrl.v1.TensorListHeaderB\x08\n\x06_score\"\x97\x01\n\x0bReportChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.fedrl.v1.ReportHeaderH\x00\x12&\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x15.fedrl.v1.TensorChunkH\x00\x12.\n\rlearner_chunk\x18\x03 \x01(\x0b\x32\x15.fedrl.v1.TensorChunkH\x00\x42\x06\n\x04part\"\xa7\x01\n\x0bReportReply\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x11\n\tduplicate\x18\x02 \x01(\x08\x12.\n\nassignment\x18\x03 \x01(\x0b\x32\x1a.fedrl.v1.MemberAssignment\x12\x10\n\x08\x64\x65\x63ision\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12!\n\x04goal\x18\x06 \x01(\x0b\x32\x13.fedrl.v1.GoalState\"O\n\x10PullDonorRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x16\n\x0eparticipant_id\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\r\"r\n\rLearnerHeader\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\r\x12\x0f\n\x07present\x18\x03 \x01(\x08\x12+\n\x07tensors\x18\x04 \x01(\x0b\x32\x1a.fedrl.v1.TensorListHeader\"i\n\x0cLearnerChunk\x12)\n\x06header\x18\x01 \x01(\x0b\x32\x17.fedrl.v1.LearnerHeaderH\x00\x12&\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x15.fedrl.v1.TensorChunkH\x00\x42\x06\n\x04part2\x90\x02\n\nPopulation\x12=\n\x06\x45nroll\x12\x17.fedrl.v1.EnrollRequest\x1a\x1a.fedrl.v1.MemberAssignment\x12\x38\n\x06Report\x12\x15.fedrl.v1.ReportChunk\x1a\x15.fedrl.v1.ReportReply(\x01\x12?\n\tPullDonor\x12\x1a.fedrl.v1.PullDonorRequest\x1a\x14.fedrl.v1.ModelChunk0\x01\x12H\n\x10PullDonorLearner\x12\x1a.fedrl.v1.PullDonorRequest\x1a\x16.fedrl.v1.LearnerChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,17 +42,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENROLLREQUEST_HYPERPARAMETERSENTRY']._serialized_start=219
   _globals['_ENROLLREQUEST_HYPERPARAMETERSENTRY']._serialized_end=273
   _globals['_MEMBERASSIGNMENT']._serialized_start=276
-  _globals['_MEMBERASSIGNMENT']._serialized_end=530
+  _globals['_MEMBERASSIGNMENT']._serialized_end=581
   _globals['_MEMBERASSIGNMENT_HYPERPARAMETERSENTRY']._serialized_start=219
   _globals['_MEMBERASSIGNMENT_HYPERPARAMETERSENTRY']._serialized_end=273
-  _globals['_REPORTHEADER']._serialized_start=533
-  _globals['_REPORTHEADER']._serialized_end=757
-  _globals['_REPORTCHUNK']._serialized_start=759
-  _globals['_REPORTCHUNK']._serialized_end=862
-  _globals['_REPORTREPLY']._serialized_start=865
-  _globals['_REPORTREPLY']._serialized_end=1032
-  _globals['_PULLDONORREQUEST']._serialized_start=1034
-  _globals['_PULLDONORREQUEST']._serialized_end=1113
-  _globals['_POPULATION']._serialized_start=1116
-  _globals['_POPULATION']._serialized_end=1314
+  _globals['_REPORTHEADER']._serialized_start=584
+  _globals['_REPORTHEADER']._serialized_end=853
+  _globals['_REPORTCHUNK']._serialized_start=856
+  _globals['_REPORTCHUNK']._serialized_end=1007
+  _globals['_REPORTREPLY']._serialized_start=1010
+  _globals['_REPORTREPLY']._serialized_end=1177
+  _globals['_PULLDONORREQUEST']._serialized_start=1179
+  _globals['_PULLDONORREQUEST']._serialized_end=1258
+  _globals['_LEARNERHEADER']._serialized_start=1260
+  _globals['_LEARNERHEADER']._serialized_end=1374
+  _globals['_LEARNERCHUNK']._serialized_start=1376
+  _globals['_LEARNERCHUNK']._serialized_end=1481
+  _globals['_POPULATION']._serialized_start=1484
+  _globals['_POPULATION']._serialized_end=1756
 # @@protoc_insertion_point(module_scope)

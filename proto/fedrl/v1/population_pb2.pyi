@@ -26,7 +26,7 @@ class EnrollRequest(_message.Message):
     def __init__(self, session: _Optional[str] = ..., participant_id: _Optional[str] = ..., hyperparameters: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class MemberAssignment(_message.Message):
-    __slots__ = ("generation", "hyperparameters", "adopt", "donor", "donor_generation", "last_report_sequence")
+    __slots__ = ("generation", "hyperparameters", "adopt", "donor", "donor_generation", "last_report_sequence", "replay_transitions", "keeps_learner")
     class HyperparametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -40,16 +40,20 @@ class MemberAssignment(_message.Message):
     DONOR_FIELD_NUMBER: _ClassVar[int]
     DONOR_GENERATION_FIELD_NUMBER: _ClassVar[int]
     LAST_REPORT_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_TRANSITIONS_FIELD_NUMBER: _ClassVar[int]
+    KEEPS_LEARNER_FIELD_NUMBER: _ClassVar[int]
     generation: int
     hyperparameters: _containers.ScalarMap[str, float]
     adopt: bool
     donor: str
     donor_generation: int
     last_report_sequence: int
-    def __init__(self, generation: _Optional[int] = ..., hyperparameters: _Optional[_Mapping[str, float]] = ..., adopt: _Optional[bool] = ..., donor: _Optional[str] = ..., donor_generation: _Optional[int] = ..., last_report_sequence: _Optional[int] = ...) -> None: ...
+    replay_transitions: int
+    keeps_learner: bool
+    def __init__(self, generation: _Optional[int] = ..., hyperparameters: _Optional[_Mapping[str, float]] = ..., adopt: _Optional[bool] = ..., donor: _Optional[str] = ..., donor_generation: _Optional[int] = ..., last_report_sequence: _Optional[int] = ..., replay_transitions: _Optional[int] = ..., keeps_learner: _Optional[bool] = ...) -> None: ...
 
 class ReportHeader(_message.Message):
-    __slots__ = ("session", "participant_id", "spec_hash", "sequence", "generation", "env_steps", "episodes", "score", "tensors")
+    __slots__ = ("session", "participant_id", "spec_hash", "sequence", "generation", "env_steps", "episodes", "score", "tensors", "learner")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANT_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_HASH_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +63,7 @@ class ReportHeader(_message.Message):
     EPISODES_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
     session: str
     participant_id: str
     spec_hash: str
@@ -68,15 +73,18 @@ class ReportHeader(_message.Message):
     episodes: int
     score: float
     tensors: _tensor_pb2.TensorListHeader
-    def __init__(self, session: _Optional[str] = ..., participant_id: _Optional[str] = ..., spec_hash: _Optional[str] = ..., sequence: _Optional[int] = ..., generation: _Optional[int] = ..., env_steps: _Optional[int] = ..., episodes: _Optional[int] = ..., score: _Optional[float] = ..., tensors: _Optional[_Union[_tensor_pb2.TensorListHeader, _Mapping]] = ...) -> None: ...
+    learner: _tensor_pb2.TensorListHeader
+    def __init__(self, session: _Optional[str] = ..., participant_id: _Optional[str] = ..., spec_hash: _Optional[str] = ..., sequence: _Optional[int] = ..., generation: _Optional[int] = ..., env_steps: _Optional[int] = ..., episodes: _Optional[int] = ..., score: _Optional[float] = ..., tensors: _Optional[_Union[_tensor_pb2.TensorListHeader, _Mapping]] = ..., learner: _Optional[_Union[_tensor_pb2.TensorListHeader, _Mapping]] = ...) -> None: ...
 
 class ReportChunk(_message.Message):
-    __slots__ = ("header", "chunk")
+    __slots__ = ("header", "chunk", "learner_chunk")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_CHUNK_FIELD_NUMBER: _ClassVar[int]
     header: ReportHeader
     chunk: _tensor_pb2.TensorChunk
-    def __init__(self, header: _Optional[_Union[ReportHeader, _Mapping]] = ..., chunk: _Optional[_Union[_tensor_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
+    learner_chunk: _tensor_pb2.TensorChunk
+    def __init__(self, header: _Optional[_Union[ReportHeader, _Mapping]] = ..., chunk: _Optional[_Union[_tensor_pb2.TensorChunk, _Mapping]] = ..., learner_chunk: _Optional[_Union[_tensor_pb2.TensorChunk, _Mapping]] = ...) -> None: ...
 
 class ReportReply(_message.Message):
     __slots__ = ("sequence", "duplicate", "assignment", "decision", "reason", "goal")
@@ -103,3 +111,23 @@ class PullDonorRequest(_message.Message):
     participant_id: str
     generation: int
     def __init__(self, session: _Optional[str] = ..., participant_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class LearnerHeader(_message.Message):
+    __slots__ = ("session", "generation", "present", "tensors")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PRESENT_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    generation: int
+    present: bool
+    tensors: _tensor_pb2.TensorListHeader
+    def __init__(self, session: _Optional[str] = ..., generation: _Optional[int] = ..., present: _Optional[bool] = ..., tensors: _Optional[_Union[_tensor_pb2.TensorListHeader, _Mapping]] = ...) -> None: ...
+
+class LearnerChunk(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: LearnerHeader
+    chunk: _tensor_pb2.TensorChunk
+    def __init__(self, header: _Optional[_Union[LearnerHeader, _Mapping]] = ..., chunk: _Optional[_Union[_tensor_pb2.TensorChunk, _Mapping]] = ...) -> None: ...

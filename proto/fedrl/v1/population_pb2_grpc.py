@@ -50,6 +50,11 @@ class PopulationStub:
                 request_serializer=fedrl_dot_v1_dot_population__pb2.PullDonorRequest.SerializeToString,
                 response_deserializer=fedrl_dot_v1_dot_federation__pb2.ModelChunk.FromString,
                 _registered_method=True)
+        self.PullDonorLearner = channel.unary_stream(
+                '/fedrl.v1.Population/PullDonorLearner',
+                request_serializer=fedrl_dot_v1_dot_population__pb2.PullDonorRequest.SerializeToString,
+                response_deserializer=fedrl_dot_v1_dot_population__pb2.LearnerChunk.FromString,
+                _registered_method=True)
 
 
 class PopulationServicer:
@@ -81,6 +86,14 @@ class PopulationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullDonorLearner(self, request, context):
+        """The rest of the donor's learner as it reported it with that model
+        (ReportHeader.learner), for the copy to go on where the donor stood.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PopulationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -98,6 +111,11 @@ def add_PopulationServicer_to_server(servicer, server):
                     servicer.PullDonor,
                     request_deserializer=fedrl_dot_v1_dot_population__pb2.PullDonorRequest.FromString,
                     response_serializer=fedrl_dot_v1_dot_federation__pb2.ModelChunk.SerializeToString,
+            ),
+            'PullDonorLearner': grpc.unary_stream_rpc_method_handler(
+                    servicer.PullDonorLearner,
+                    request_deserializer=fedrl_dot_v1_dot_population__pb2.PullDonorRequest.FromString,
+                    response_serializer=fedrl_dot_v1_dot_population__pb2.LearnerChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -181,6 +199,33 @@ class Population:
             '/fedrl.v1.Population/PullDonor',
             fedrl_dot_v1_dot_population__pb2.PullDonorRequest.SerializeToString,
             fedrl_dot_v1_dot_federation__pb2.ModelChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullDonorLearner(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/fedrl.v1.Population/PullDonorLearner',
+            fedrl_dot_v1_dot_population__pb2.PullDonorRequest.SerializeToString,
+            fedrl_dot_v1_dot_population__pb2.LearnerChunk.FromString,
             options,
             channel_credentials,
             insecure,

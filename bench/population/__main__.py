@@ -1,0 +1,5 @@
+"""`python -m bench.population`: see bench.population.cli."""
+
+from bench.population.cli import main
+
+main()
