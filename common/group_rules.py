@@ -58,17 +58,14 @@ as soon as it is sent, so it goes whole rather than rounded to bfloat16's 8 bits
 ASYNC_DELTA_DTYPE: DeltaDtype = "bfloat16"
 """Asynchronous syncs' default: their deltas span many updates, and the measured defaults
 (pairs on both tasks) used it; half the bytes of float32."""
-FOREIGN_CREDIT = 2.0
-"""Replay-ratio credit of another member's transition, asynchronously. With any credit a
-learner's updates grow with all the data the group collects, as an Ape-X learner's do with
-its actors'; at 2 the others' data is replayed twice as often as one's own, which let
-asynchronous pairs meet their target on LunarLander where 1 did not reliably. The price is
-CPU: more updates per own env step (docs/benchmarks.md, federation)."""
-ROUND_FOREIGN_CREDIT = 4.0
-"""The same in rounds: there the members' updates of each round, made on the same data, are
-averaged into one step of the shared model, so four members' updates move it about as far as
-one member's would; more credit buys more sequential updates per transition the group
-collects (docs/benchmarks.md, federation)."""
+FOREIGN_CREDIT = 1.0
+"""Replay-ratio credit of another member's transition, asynchronously: as much as one's own.
+A learner's updates then grow with all the data the group collects, as an Ape-X learner's do
+with its actors', while a member's updates per own env step stay at the replay ratio times the
+group's size. More credit buys updates that a lone learner given the same compute makes as
+well (docs/benchmarks.md, federation)."""
+ROUND_FOREIGN_CREDIT = 1.0
+"""The same in rounds (docs/benchmarks.md, federation)."""
 
 MAX_CREDIT = 1_000.0
 """Largest credit a session takes: a thousand updates per received transition is far past any

@@ -422,7 +422,7 @@ def test_in_rounds_the_others_data_earns_the_round_credit(
 
     # replay_ratio 0.5: 64 rows at the round credit of 4 owe 128 updates, at 2 owe 64.
     rules = GroupRules()
-    assert (rules.foreign_credit, rules.round_foreign_credit) == (2.0, 4.0)
+    assert (rules.foreign_credit, rules.round_foreign_credit) == (1.0, 1.0)
     assert added == {"apart": 64, "in-rounds": 64}
     assert updates["in-rounds"] - updates["apart"] == 64
 

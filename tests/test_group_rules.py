@@ -67,7 +67,7 @@ def test_the_defaults_are_the_clients_defaults_before_sessions_had_rules() -> No
     assert (rules.share, rules.sync_interval, rules.rounds_from) == ("both", 2, 3)
     assert (rules.sync_steps, rules.round_wait_s, rules.delta_dtype) == (None, None, None)
     assert rules.shared_warmup and rules.credit_at_own_pace
-    assert (rules.foreign_credit, rules.round_foreign_credit) == (2.0, 4.0)
+    assert (rules.foreign_credit, rules.round_foreign_credit) == (1.0, 1.0)
 
 
 @pytest.mark.parametrize(
