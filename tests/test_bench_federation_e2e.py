@@ -23,6 +23,8 @@ def test_a_tiny_invocation_ends_with_every_groups_speedups_intervals_and_iqm_ste
         *("--n", "2", "--no-lone", "--modes", "both", "--seeds", "0"),
         *("--budget", "600", "--offline-budget", "900", "--eval-every", "300"),
         *("--eval-episodes", "2", "--learner", "learning_starts=100"),
+        # A rule other than the session's default: the session must take it from the run.
+        *("--foreign-credit", "3"),
         *("--plot", str(tmp_path / "federation.png")),
     ]
 

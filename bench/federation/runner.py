@@ -32,9 +32,16 @@ from bench.federation.participant import (
 )
 from bench.federation.results import RunResult
 from bench.federation.scoring import score_run
-from bench.federation.settings import SERVERLESS_MODES, SESSION, Algorithm, Configuration, Settings
+from bench.federation.settings import (
+    SERVERLESS_MODES,
+    SESSION,
+    SHARE,
+    Configuration,
+    Settings,
+)
 from fedrl.client.federation.federation_client import FederationClient
 from fedrl.client.federation.model_spec import model_spec
+from fedrl.common.group_rules_serde import choices_to_proto
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import federation_pb2_grpc as pb_grpc
 from fedrl.server.launcher import ServerProcess
@@ -85,14 +92,23 @@ class BenchServer(ServerProcess):
         return float(times.user + times.system)
 
 
-def seed_session(address: str, weights: Weights, settings: Settings, algo: Algorithm) -> None:
-    """Version 0: the run's initial network, seeded by the bench itself."""
+def seed_session(
+    address: str, weights: Weights, settings: Settings, configuration: Configuration
+) -> None:
+    """Version 0: the run's initial network, seeded by the bench itself.
+
+    Its Join creates the session, so it chooses the rules the participants
+    will choose: a session fixes its rules at creation and refuses members
+    that ask for others.
+    """
+    algo = configuration.algo
     spec = model_spec(settings.env, weights, architecture(learner_config(settings, algo)))
+    rules = choices_to_proto(settings.rule_choices(SHARE[configuration.mode]))
 
     async def seed_it() -> None:
         async with grpc.aio.insecure_channel(address) as channel:
             client = FederationClient(channel, participant_id="bench", session=SESSION)
-            await client.join(spec)
+            await client.join(spec, rules=rules)
             await client.seed_model(weights)
 
     asyncio.run(seed_it())
@@ -188,7 +204,7 @@ def run_configuration(
     followed = {other for others in follows for other in others}
     try:
         if server is not None:
-            seed_session(server.address, initial, settings, configuration.algo)
+            seed_session(server.address, initial, settings, configuration)
         for index in range(configuration.processes):
             task = ParticipantTask(
                 index=index,
