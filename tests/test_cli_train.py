@@ -18,15 +18,22 @@ from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.networks import NetworkConfig
 from fedrl.client.training.ppo_learner import PPOConfig
+from fedrl.client.training.self_play_config import SelfPlayConfig
 from fedrl.common.config_help import FieldOption
 from fedrl.common.group_rules import RuleChoices
 from fedrl.envs.market_source import MarketSource
 
 SECTIONS = ("rules", "tls", "engine", "learner", "network", "ppo", "exchange", "market")
 """TrainConfig fields that are configs of their own; their fields become options too."""
-DERIVED = {("learner", "seed"), ("ppo", "seed"), ("ppo", "device"), ("ppo", "amp")}
+DERIVED = {
+    ("learner", "seed"),
+    ("ppo", "seed"),
+    ("ppo", "device"),
+    ("ppo", "amp"),
+    ("engine", "self_play"),
+}
 """Fields with no option: learner seeds come from the engine's seed stream, PPO's device and
-amp are the learner section's."""
+amp are the learner section's, and the engine's self-play config is a section of its own."""
 
 TINY = [
     "--offline",
@@ -50,6 +57,7 @@ def test_every_config_field_has_an_option_and_every_option_a_field() -> None:
         ("rules", RuleChoices),
         ("tls", ConnectionSecurity),
         ("engine", EngineConfig),
+        ("self_play", SelfPlayConfig),
         ("learner", LearnerConfig),
         ("network", NetworkConfig),
         ("ppo", PPOConfig),

@@ -73,7 +73,7 @@ def test_an_unknown_section_is_refused_with_the_names_there_are() -> None:
     result = CliRunner().invoke(client_main, ["--help-section", "dqn"])
 
     assert result.exit_code == 2
-    assert "'dqn' is not one of 'run', 'engine', 'learner'" in result.output
+    assert "'dqn' is not one of 'run', 'engine', 'self_play', 'learner'" in result.output
 
 
 def test_a_command_with_one_section_keeps_its_plain_help() -> None:

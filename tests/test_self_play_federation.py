@@ -17,12 +17,12 @@ from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.federation.league_sync import spread
 from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.federation.sync_loop import SyncLoop
-from fedrl.client.federation.sync_plan import SyncPlan
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.q_network import architecture_name
 from fedrl.client.training.self_play_config import SelfPlayConfig
+from fedrl.common.group_rules import RuleChoices
 from fedrl.proto.v1 import federation_pb2 as pb
 from tests.support.experience import Server as ExperienceServer
 from tests.support.server_harness import InProcessServer, join, server_config
@@ -50,8 +50,7 @@ def player(address: str, state_dir: Path, pid: str) -> Iterator[tuple[TrainingEn
         session="default",
         spec=model_spec(GAME, engine.weights(), architecture_name(LEARNER.hidden, True)),
         channel_factory=lambda: grpc.aio.insecure_channel(address),
-        share="both",
-        plan=SyncPlan.asynchronous(sync_interval=3),
+        rules=RuleChoices(share="both", sync_interval=3, round_wait_s=0.0, shared_warmup=False),
         exchange=ExchangeConfig(push_transitions=200, pull_transitions=2000),
         evaluate_global=False,
         backoff=BackoffPolicy(base_s=0.1, cap_s=0.5),

@@ -7,9 +7,8 @@ syncs, and the others' data and progress would arrive that much later. An
 env-step bound keeps syncs coming whatever the episode length. In
 synchronous rounds (--round-wait-s) it is all there is: every 128 env
 steps unless given. Asynchronously it is off by default (--sync-steps 0):
-there it did not make CartPole's groups faster (bench/federation.py, fours
-sharing both with 256: 5,250 and 7,250 steps each to 475 in two runs of 5
-seeds, no better than episodes alone).
+there a step bound on top of the episodes did not make groups faster
+(docs/benchmarks.md, federation).
 """
 
 from __future__ import annotations

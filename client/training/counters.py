@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fedrl.client.training.evaluation import EvalResult
+from fedrl.envs.two_player import NO_OPPONENT
 
 if TYPE_CHECKING:
     from fedrl.client.training.distributed import RoundLedger, RoundOutcome
@@ -79,10 +80,12 @@ class Tally:
         `opponents`: two-player games' opponent id of each episode, whose
         outcomes `take_games` hands to the league.
         """
-        if opponents is not None and len(opponents):
+        played = np.zeros(0, dtype=bool) if opponents is None else opponents != NO_OPPONENT
+        if played.any():
             if self.ledger is not None:
                 raise RuntimeError("two-player games train with one learner rank")
-            self._games.append((opponents.copy(), episode_returns.copy()))
+            assert opponents is not None  # played.any()
+            self._games.append((opponents[played], episode_returns[played]))
         if self.ledger is not None:
             self.ledger.hold(env_steps, episode_returns, episode_lengths)
         else:

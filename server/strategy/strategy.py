@@ -209,7 +209,7 @@ class Strategy(ABC):
         once, so the global model trails the participant by one update rather
         than by K of them; in a group of N, a version waits for about one
         update from each member, so it averages everyone's progress instead of
-        adding up N learners' steps, which made the global Q-network diverge
-        (bench/federation.py). The buffer timeout still bounds the wait.
+        adding up N learners' steps, which would move the global Q-network N
+        times as far as any member's did. The buffer timeout still bounds the wait.
         """
         return self.rule.buffer_size or max(1, pushing_participants)

@@ -39,9 +39,8 @@ class LimitsConfig:
     max_streams_per_participant: int = 8
     """Open streaming calls per participant; a sync loop needs 3-4 (push, pull, watch, exchange)."""
     push_rate_per_s: float = 20.0
-    """Sustained pushes per second per participant: a member in rounds of 128 env steps pushed
-    about 5 a second on CartPole (bench/federation.py, pairs in rounds), and the limit must not
-    pace the client's rounds."""
+    """Sustained pushes per second per participant: a member syncing in rounds of 128 env steps
+    of a fast env pushes several times a second, and the limit must not pace its rounds."""
     push_burst: int = 10
     """Pushes allowed back to back, so an outbox flushed after an outage is not throttled."""
     stream_idle_timeout_s: float = 60.0
