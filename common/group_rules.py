@@ -42,10 +42,10 @@ DeltaDtype = Literal["bfloat16", "float16", "float32"]
 DELTA_DTYPES: tuple[DeltaDtype, ...] = ("bfloat16", "float16", "float32")
 """Wire types a weight delta may travel in."""
 
-ROUNDS_FROM = 3
-"""Members pushing weights from which a group syncs in rounds unless chosen otherwise:
-in bench.federation's runs on CartPole and LunarLander, groups of four learned faster
-in rounds and pairs did not (docs/benchmarks.md, federation)."""
+ROUNDS_FROM = 2
+"""Members pushing weights from which a group syncs in rounds unless chosen otherwise: from
+two, since pairs in rounds reached the target sooner than asynchronous pairs, whose global
+model wobbled around it (docs/benchmarks.md, federation)."""
 ROUND_STEPS = 128
 """Env steps per synchronous round unless given (a sync per 8 steps of 16 envs)."""
 ROUND_WAIT_S = 5.0
@@ -479,3 +479,8 @@ def parse_choice(name: str, text: str) -> RuleChoices:
     except (KeyError, ValueError):
         raise RulesError(f"{name} cannot be {text!r}") from None
     return dataclasses.replace(RuleChoices(), **{key: value})
+
+
+LEGACY_RULES = GroupRules(rounds_from=3, foreign_credit=2.0, round_foreign_credit=4.0)
+"""The rules of a session created before sessions had rules: the clients' defaults of that
+time, by which its members ran and which their recorded configurations hold."""

@@ -318,7 +318,7 @@ def test_synchronous_rounds_reach_the_settings_and_need_sync_steps() -> None:
     settings = cli.settings_from(cli.parse_args(["--round-wait-s", "2", "--sync-steps", "64"]))
 
     assert (settings.round_wait_s, settings.sync_steps) == (2.0, 64)
-    # Left out, they are the client's: 5 s from three members on, rounds of 128 env steps.
+    # Left out, they are the client's: 5 s from two members on, rounds of 128 env steps.
     assert (Settings().round_wait_s, Settings().sync_steps) == (None, None)
     with pytest.raises(ValueError, match="--sync-steps"):
         cli.settings_from(cli.parse_args(["--round-wait-s", "5", "--sync-steps", "0"]))

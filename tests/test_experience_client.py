@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -271,12 +272,16 @@ async def _send(address: str, outbox: Outbox) -> int:
         return await client.send_pending(outbox)
 
 
+CREDITS = GroupRules(foreign_credit=2.0, round_foreign_credit=4.0)
+"""Credits other than one, so that each rule's share of the updates can be told apart."""
+
+
 def _sync(
     root: Path, pid: str, gamma: float = GAMMA, *, credit_at_own_pace: bool = True
 ) -> ExperienceSync:
     return ExperienceSync(
         ExchangeConfig(push_transitions=64, pull_transitions=1000),
-        rules=GroupRules(credit_at_own_pace=credit_at_own_pace),
+        rules=CREDITS if credit_at_own_pace else replace(CREDITS, credit_at_own_pace=False),
         obs_shape=OBS,
         n_step=1,
         gamma=gamma,
@@ -400,8 +405,8 @@ def test_a_sender_ahead_of_the_receiver_earns_credit_only_up_to_its_pace(
         own_rows=16,
     )
 
-    # Both replays take all 64; replay_ratio 0.5 at the default credit of 2 local
-    # steps each: the 48 unpaced rows owe 48 updates.
+    # Both replays take all 64; replay_ratio 0.5 at a credit of 2 local steps each: the
+    # 48 unpaced rows owe 48 updates.
     assert added == {"paced": 64, "unpaced": 64}
     assert updates["unpaced"] - updates["paced"] == 48
 
@@ -421,8 +426,6 @@ def test_in_rounds_the_others_data_earns_the_round_credit(
     )
 
     # replay_ratio 0.5: 64 rows at the round credit of 4 owe 128 updates, at 2 owe 64.
-    rules = GroupRules()
-    assert (rules.foreign_credit, rules.round_foreign_credit) == (1.0, 1.0)
     assert added == {"apart": 64, "in-rounds": 64}
     assert updates["in-rounds"] - updates["apart"] == 64
 

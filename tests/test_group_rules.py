@@ -13,6 +13,7 @@ from fedrl.common.errors import DecodeError
 from fedrl.common.group_rules import (
     AUTOMATIC,
     DELTA_DTYPES,
+    LEGACY_RULES,
     MAX_CREDIT,
     RULE_NAMES,
     SHARES,
@@ -61,13 +62,18 @@ def test_rules_and_choices_name_the_same_rules_and_every_automatic_one_may_be_le
     assert all(getattr(GroupRules(), name) is None for name in AUTOMATIC)
 
 
-def test_the_defaults_are_the_clients_defaults_before_sessions_had_rules() -> None:
+def test_the_defaults_and_the_rules_of_sessions_from_before_sessions_had_rules() -> None:
     rules = GroupRules()
+    legacy = LEGACY_RULES
 
-    assert (rules.share, rules.sync_interval, rules.rounds_from) == ("both", 2, 3)
+    assert (rules.share, rules.sync_interval, rules.rounds_from) == ("both", 2, 2)
     assert (rules.sync_steps, rules.round_wait_s, rules.delta_dtype) == (None, None, None)
     assert rules.shared_warmup and rules.credit_at_own_pace
     assert (rules.foreign_credit, rules.round_foreign_credit) == (1.0, 1.0)
+    # The clients' defaults of that time: they differ from today's only where they say so.
+    assert legacy == dataclasses.replace(
+        rules, rounds_from=3, foreign_credit=2.0, round_foreign_credit=4.0
+    )
 
 
 @pytest.mark.parametrize(

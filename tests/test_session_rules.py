@@ -20,7 +20,7 @@ from fedrl.client.federation.errors import SyncError
 from fedrl.client.federation.sync_plan import sync_plan
 from fedrl.common.config_cli import config_from_options
 from fedrl.common.config_file import read_config_file
-from fedrl.common.group_rules import GroupRules, RuleChoices
+from fedrl.common.group_rules import LEGACY_RULES, GroupRules, RuleChoices
 from fedrl.common.group_rules_serde import choices_to_proto, rules_from_proto
 from fedrl.common.status_table import render_status
 from fedrl.proto.v1 import federation_pb2 as pb
@@ -130,10 +130,12 @@ def old_recorded_config(path: Path, rounds_from: int) -> Path:
 def test_a_member_whose_flag_disagrees_with_its_session_is_refused_naming_both_values(
     tmp_path: Path,
 ) -> None:
-    # prepare: ann's run creates the session choosing rounds from two members
+    # prepare: ann's run creates the session choosing rounds from two members and the
+    # credits runs recorded before the rules were the session's
     state = tmp_path / "state"
+    credits = ("--foreign-credit", "2", "--round-foreign-credit", "4")
     with InProcessServer(server_config(tmp_path / "server")) as server:
-        first = client(server.address, state, "ann", *SMALL_RUN, "--rounds-from", "2")
+        first = client(server.address, state, "ann", *SMALL_RUN, "--rounds-from", "2", *credits)
         assert first.returncode == 0, first.stderr
 
         # act: bob asks for rounds from four, carl repeats the session's own value; dave and
@@ -328,7 +330,7 @@ def test_a_data_dir_from_before_the_rules_opens_with_the_defaults_recorded(tmp_p
     # assert: the rules its members used before, which the session keeps from now on
     assert before.exit_code == 0, before.output
     assert "--rounds-from" in before.output
-    assert rules_from_proto(rejoined.config.rules) == GroupRules()
+    assert rules_from_proto(rejoined.config.rules) == LEGACY_RULES
     assert "has --rounds-from 3" in (error.details() or "")
     assert recorded == [("default",)]
 

@@ -4,10 +4,10 @@ The plan follows from the session's rules (fedrl.common.group_rules), the
 same for every member, and the member's algorithm, which the session's model
 spec fixes: so every member of a session runs the same plan. By default a
 DQN participant pushing weights syncs asynchronously (every 2 episodes,
-bfloat16 deltas) while fewer than three members push weights, and in
+bfloat16 deltas) while it is the only member pushing weights, and in
 synchronous rounds (of `--sync-steps`, 128 unless given, float32 deltas
 unless `--delta-dtype` says otherwise, each waiting up to 5 s for its
-version) from three on: the server's count of members whose updates it
+version) from two on: the server's count of members whose updates it
 heard within its active window (actors, experience-only members and
 members that went quiet do not count). `--rounds-from N` moves the
 threshold (1: rounds at any size), `--round-wait-s` the wait (0:
@@ -23,11 +23,9 @@ speed, far faster than the exchange, so asynchronously each member would
 fill its replay by itself; in rounds a group of N fills every member's
 replay in about 1/N of the steps.
 
-Why rounds only from three members: averaging every round keeps a group's
-models together at the price of a wait for the slowest member each round.
-In bench.federation's runs on CartPole and LunarLander, groups of four
-learned faster in rounds and pairs did not, so pairs sync asynchronously
-(docs/benchmarks.md, federation).
+Why rounds from two members (ROUNDS_FROM): averaging every round keeps a
+group's models together at the price of a wait for the slowest member each
+round (docs/benchmarks.md, federation).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from fedrl.common.group_rules import GroupRules, RuleChoices, RulesError, refusal
+from fedrl.common.group_rules import LEGACY_RULES, GroupRules, RuleChoices, RulesError, refusal
 from fedrl.common.group_rules_serde import rules_to_proto
 from fedrl.common.spec import spec_difference, spec_hash
 from fedrl.proto.v1 import federation_pb2 as pb
@@ -136,8 +136,8 @@ class Federation:
         federation = cls(config, runner, strategy=strategy)
         await runner(lambda db: db.save_session_config(federation.session_config()))
         # Sessions created before sessions had rules ran by the clients' defaults of the
-        # time, which are GroupRules' defaults: recorded once, they are those sessions' rules.
-        legacy = rules_to_proto(GroupRules())
+        # time: recorded once, they are those sessions' rules.
+        legacy = rules_to_proto(LEGACY_RULES)
         for name in await runner(lambda db: db.record_missing_rules(legacy)):
             log.info("session %r predates the session's rules: it keeps the defaults", name)
         for row in await runner(lambda db: db.sessions()):

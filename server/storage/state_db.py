@@ -22,7 +22,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedrl.common.group_rules import GroupRules
+from fedrl.common.group_rules import LEGACY_RULES, GroupRules
 from fedrl.common.group_rules_serde import rules_from_bytes
 from fedrl.proto.v1 import federation_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
@@ -57,8 +57,8 @@ class SessionRow:
 
     @property
     def group_rules(self) -> GroupRules:
-        """Its rules; a session created before sessions had rules ran by their defaults."""
-        return GroupRules() if self.rules is None else rules_from_bytes(self.rules)
+        """Its rules; a session created before sessions had rules ran by LEGACY_RULES."""
+        return LEGACY_RULES if self.rules is None else rules_from_bytes(self.rules)
 
 
 @dataclass(frozen=True)
