@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.federation import cli, participant
+from bench.federation import cli, participant, runner
 from bench.federation.participant import StepPace, paced_by
 from bench.federation.results import cut, updates_per_step_at
 from bench.federation.scoring import reached_at
@@ -26,8 +26,11 @@ from bench.federation.settings import (
     settings_from_json,
 )
 from fedrl.client.federation.experience_sync import ExchangeConfig
+from fedrl.client.federation.model_spec import model_spec
 from fedrl.client.training.learner_config import LearnerConfig
+from fedrl.common.group_rules_serde import choices_to_proto, rules_from_proto
 from tests.support.benches import make_run
+from tests.support.server_harness import InProcessServer, join, server_config
 
 
 def test_a_target_counts_as_reached_at_the_first_of_two_consecutive_marks() -> None:
@@ -400,3 +403,27 @@ def test_envs_per_participant_reach_the_settings_and_fewer_than_one_stop_the_ben
 def test_a_participant_process_needs_exactly_its_task() -> None:
     with pytest.raises(SystemExit, match=r"usage: python -m bench\.federation\.participant"):
         participant.main([])
+
+
+def test_the_seeding_join_creates_the_session_with_the_rules_the_participants_choose(
+    tmp_path: Path,
+) -> None:
+    # prepare: a run whose participants ask for credits other than the session defaults'
+    settings = Settings(foreign_credit=3.0, round_foreign_credit=0.5, rounds_from=4)
+    configuration = Configuration(n=2, mode="both")
+    weights = participant.initial_weights(settings, 0, "dqn")
+
+    # act
+    with InProcessServer(server_config(tmp_path)) as server:
+        runner.seed_session(server.address, weights, settings, configuration)
+        spec = model_spec(
+            settings.env,
+            weights,
+            participant.architecture(participant.learner_config(settings, "dqn")),
+        )
+        choices = choices_to_proto(settings.rule_choices("both"))
+        reply = join(server.stub(), "p0", spec, rules=choices)
+
+    # assert: the session took them, so a participant choosing alike is let in
+    rules = rules_from_proto(reply.config.rules)
+    assert (rules.foreign_credit, rules.round_foreign_credit, rules.rounds_from) == (3.0, 0.5, 4)

@@ -13,6 +13,7 @@ import pytest
 REPOSITORY = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_tiny_invocation_ends_with_every_groups_speedups_intervals_and_iqm_steps(
     tmp_path: Path,

@@ -95,6 +95,7 @@ def test_the_gpu_check_runs_every_part_on_the_cpu_and_writes_one_json_file(
         assert offline["replay_ratio_asked"] == 0.25
 
 
+@pytest.mark.slow
 def test_the_learner_bench_times_this_tree_against_a_git_revision(tmp_path: Path) -> None:
     # prepare / act: a tiny run with HEAD as the reference revision
     out = tmp_path / "learner.json"

@@ -42,6 +42,7 @@ def episode_lines(state: Path) -> list[dict[str, object]]:
     return [r for r in records if r["kind"] == "episode"]
 
 
+@pytest.mark.slow
 def test_a_killed_rank_stops_every_rank_naming_it_and_the_state_resumes_with_one(
     tmp_path: Path,
 ) -> None:
