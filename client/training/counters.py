@@ -80,12 +80,12 @@ class Tally:
         `opponents`: two-player games' opponent id of each episode, whose
         outcomes `take_games` hands to the league.
         """
-        played = np.zeros(0, dtype=bool) if opponents is None else opponents != NO_OPPONENT
-        if played.any():
-            if self.ledger is not None:
-                raise RuntimeError("two-player games train with one learner rank")
-            assert opponents is not None  # played.any()
-            self._games.append((opponents[played], episode_returns[played]))
+        if opponents is not None:
+            played = opponents != NO_OPPONENT
+            if played.any():
+                if self.ledger is not None:
+                    raise RuntimeError("two-player games train with one learner rank")
+                self._games.append((opponents[played], episode_returns[played]))
         if self.ledger is not None:
             self.ledger.hold(env_steps, episode_returns, episode_lengths)
         else:
