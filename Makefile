@@ -74,8 +74,13 @@ POSTGRES_PACKAGES := postgresql
 postgres:
 	$(call apt_packages,$(POSTGRES_PACKAGES),ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null,the trading env's PostgreSQL tests)
 
+# The default tests run a test file per core (at most four): files keep their
+# module-scoped servers to themselves, and most tests wait on real servers and
+# subprocesses, so a single process leaves a core idle. The slow ones (learning,
+# crash scenarios) each keep both cores busy and run one at a time.
+PYTEST_WORKERS ?= -n auto --maxprocesses 4 --dist loadfile
 test: install browser postgres
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-all: install browser postgres
 	$(BIN)/python -m pytest -m '' $(PYTEST_ARGS)
