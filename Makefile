@@ -79,11 +79,16 @@ postgres:
 # subprocesses, so a single process leaves a core idle. The slow ones (learning,
 # crash scenarios) each keep both cores busy and run one at a time.
 PYTEST_WORKERS ?= -n auto --maxprocesses 4 --dist loadfile
+# The tests start hundreds of Python processes (servers, clients, actors); with
+# PYTHONDONTWRITEBYTECODE set (some images set it) each would compile the
+# project's sources again, an eighth more CPU on the heaviest files. The caches
+# go to the git-ignored __pycache__ folders.
+PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
 test: install browser postgres
-	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-all: install browser postgres
-	$(BIN)/python -m pytest -m '' $(PYTEST_ARGS)
+	$(PYTEST) -m '' $(PYTEST_ARGS)
 
 proto: install
 	$(BIN)/python proto/generate.py
