@@ -59,7 +59,7 @@ from fedrl.common.chunking import (
 )
 from fedrl.common.codecs import ZSTD_LEVEL
 from fedrl.common.errors import DecodeError
-from fedrl.common.serde import DTYPE_NAMES, MAX_DIMS, decode_tensor
+from fedrl.common.serde import DTYPE_NAMES, MAX_DIMS, addressable, decode_tensor
 from fedrl.proto.v1 import experience_pb2 as pb
 from fedrl.proto.v1 import tensor_pb2 as tpb
 
@@ -402,6 +402,11 @@ def column_layout(header: pb.ExperienceHeader, *, max_raw_bytes: int) -> list[Co
         if offset > max_raw_bytes:
             raise DecodeError(
                 f"the batch's columns take more than the limit of {max_raw_bytes} bytes"
+            )
+        if not addressable(slot.shape, slot.storage.itemsize):
+            raise DecodeError(
+                f"experience column {spec.name!r} has shape {list(slot.shape)}, too large for "
+                "any array, even an empty one"
             )
         slots.append(slot)
     obs, next_obs = slots[0], slots[1]

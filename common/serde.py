@@ -13,6 +13,7 @@ unless the caller says otherwise.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -69,6 +70,20 @@ _FLOATING = {pb.DTYPE_FLOAT32, pb.DTYPE_FLOAT16, pb.DTYPE_BFLOAT16}
 # A tensor of more dimensions than this is not a model or a transition column.
 MAX_DIMS = 8
 MAX_NAME_CHARS = 256
+
+
+ADDRESSABLE_BYTES = 2**62
+"""A bound below what numpy can index (2^63 bytes)."""
+
+
+def addressable(shape: Sequence[int], itemsize: int) -> bool:
+    """Whether numpy can lay `shape` out at all.
+
+    numpy sizes even an empty array by the product of its other dimensions
+    and refuses one where that overflows, so a zero among huge dimensions
+    must be refused by a decoder as clearly as a huge tensor is.
+    """
+    return math.prod(dim for dim in shape if dim) * itemsize <= ADDRESSABLE_BYTES
 
 
 def wire_dtype(name_or_code: str | int) -> int:
@@ -146,6 +161,11 @@ def header_raw_size(header: pb.TensorHeader, *, max_raw_bytes: int) -> int:
         )
     if expected > max_raw_bytes:
         raise DecodeError(f"{label}: {expected} bytes exceeds the limit of {max_raw_bytes}")
+    if not addressable(header.shape, wire.storage.itemsize):
+        raise DecodeError(
+            f"{label}: shape {list(header.shape)} of {wire.name} is too large for any array, "
+            "even an empty one"
+        )
     return expected
 
 

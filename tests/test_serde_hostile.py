@@ -8,7 +8,7 @@ import tracemalloc
 import numpy as np
 import pytest
 import zstandard
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fedrl.common.chunking import DecodeLimits, TensorListAssembler, assemble, chunk_tensors
@@ -267,6 +267,9 @@ def test_random_corruption_of_a_stream_never_escapes_decode_error(data: st.DataO
     shape=st.lists(st.integers(-3, 10**12), max_size=10),
     raw_size=st.integers(0, 2**62),
 )
+# Empty, yet sized by its other dimensions beyond what numpy can lay out.
+@example(raw=b"", dtype=1, codec=1, shape=[0, 2_305_846, 999_998_702_955], raw_size=0)
+@example(raw=b"", dtype=2, codec=1, shape=[0, 2_305_846, 999_998_702_955], raw_size=0)
 def test_arbitrary_headers_and_payloads_raise_only_decode_error(
     raw: bytes, dtype: int, codec: int, shape: list[int], raw_size: int
 ) -> None:

@@ -215,6 +215,29 @@ def test_spec_mismatch_is_failed_precondition_naming_the_field(server: InProcess
     assert "tensors[0].shape" in refused.value.details()
 
 
+@pytest.mark.parametrize("where", ["tensor", "observation space"])
+def test_an_empty_shape_too_large_to_lay_out_is_refused_at_join(
+    server: InProcessServer, where: str
+) -> None:
+    # numpy sizes an empty array by its other dimensions: this one overflows it
+    huge = [0, 2_305_846, 999_998_702_955]
+    spec = make_spec([(3, 2), (2,)])
+    if where == "tensor":
+        spec.tensors[0].shape[:] = huge
+    else:
+        spec.observation_space.shape[:] = huge
+
+    with pytest.raises(grpc.RpcError) as refused:
+        join(server.stub(), "alice", spec)
+
+    assert code_of(refused.value) in (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    )
+    assert "999998702955" in refused.value.details()
+    assert server.stub().Status(pb.StatusRequest()).sessions == []
+
+
 def test_repeated_push_gets_the_first_answer_and_is_applied_once(tmp_path: Path) -> None:
     with InProcessServer(server_config(tmp_path / "data", buffer_size=1)) as server:
         stub = seeded(server, "alice")

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fedrl.common.serde import addressable
 from fedrl.proto.v1 import tensor_pb2 as tpb
 from fedrl.server.federation.aggregator import NamedTensors
 from fedrl.server.refusals import InvalidRequestError, LimitExceededError
@@ -75,6 +76,10 @@ def _check_dims(shape: Sequence[int], what: str) -> None:
         )
     if any(dim < 0 for dim in shape):
         raise InvalidRequestError(f"{what} has a negative dimension {_shape_text(shape)}")
+    if not addressable(shape, 8):
+        raise InvalidRequestError(
+            f"{what} has shape {_shape_text(shape)}, too large for any array, even an empty one"
+        )
 
 
 def _shape_text(shape: Sequence[int]) -> str:
