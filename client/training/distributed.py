@@ -26,6 +26,7 @@ started them or `fedrl-client --learners N` did (fedrl.client.commands.learners)
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import io
 import os
@@ -45,6 +46,8 @@ RANK_TIMEOUT = datetime.timedelta(minutes=10)
 """How long a collective waits for a rank that neither answers nor dies. A rank that
 dies is noticed at once (its connections close); one that hangs is given this long,
 well above rank 0's longest lone work between rounds (an evaluation, a checkpoint)."""
+CLOSE_TIMEOUT = datetime.timedelta(seconds=30)
+"""How long a closing rank waits for the others to reach the end too."""
 
 EPISODES_PER_ROUND = 128
 """Finished episodes a rank reports per round; more wait for the next round. A round
@@ -191,8 +194,21 @@ class RankGroup:
         return self.place.rank == 0
 
     def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        """Leave the group once every rank is done with it.
+
+        A collective can return on one rank while gloo is still sending its
+        last bytes to another; a process that exits with such a send in flight
+        aborts ("terminate called without an active exception"). The closing
+        barrier waits for that, and only briefly where a rank has already died.
+        """
+        if not dist.is_initialized():
+            return
+        with contextlib.suppress(RuntimeError):
+            if self.backend == "gloo":
+                dist.monitored_barrier(timeout=CLOSE_TIMEOUT)
+            else:
+                torch.cuda.synchronize(self.device)
+        dist.destroy_process_group()
 
     # The collectives.
 
