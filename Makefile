@@ -74,11 +74,13 @@ POSTGRES_PACKAGES := postgresql
 postgres:
 	$(call apt_packages,$(POSTGRES_PACKAGES),ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null,the trading env's PostgreSQL tests)
 
-# The default tests run a test file per core (at most four): files keep their
-# module-scoped servers to themselves, and most tests wait on real servers and
-# subprocesses, so a single process leaves a core idle. The slow ones (learning,
-# crash scenarios) each keep both cores busy and run one at a time.
-PYTEST_WORKERS ?= -n auto --maxprocesses 4 --dist loadfile
+# The default tests run whole test files in parallel, one process per core and
+# one more (four at most): files keep their module-scoped servers to themselves,
+# and most tests spend part of their time waiting on real servers and
+# subprocesses, which the extra process fills. The slow ones (learning, crash
+# scenarios) each keep every core busy and run one at a time.
+TEST_PROCESSES := $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 3 ? n + 1 : 4 )))
+PYTEST_WORKERS ?= -n $(TEST_PROCESSES) --dist loadfile
 # The tests start hundreds of Python processes (servers, clients, actors); with
 # PYTHONDONTWRITEBYTECODE set (some images set it) each would compile the
 # project's sources again, an eighth more CPU on the heaviest files. The caches
