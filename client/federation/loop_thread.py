@@ -24,6 +24,10 @@ T = TypeVar("T")
 SETTLE_S = 1.0
 """How long tasks left at close may run on before they are cancelled: a call that a closed
 channel cancelled finishes within milliseconds."""
+DRAIN_S = 0.05
+"""How long a settled loop keeps running before it closes. gRPC hands a call's completion events
+to the call's loop through a queue every loop in the process reads; an event still queued when
+its loop closes is passed on by another loop, which then logs "Event loop is closed"."""
 CANCEL_ROUNDS = 10
 """Rounds of settling what is left, each of which may leave tasks that cleaning up started."""
 
@@ -79,6 +83,7 @@ async def _finish(last: Coroutine[Any, Any, None] | None) -> None:
             await last
     finally:
         await settle_tasks()
+        await asyncio.sleep(DRAIN_S)
 
 
 async def settle_tasks(grace_s: float = SETTLE_S) -> None:
