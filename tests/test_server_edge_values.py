@@ -14,8 +14,10 @@ are not UTF-8. Whatever the call did, the server must:
   recovery), answer Status, and serve the same global model as before the
   call, unless the call was answered OK.
 
-The one-field sweep runs every time (about 650 calls, each with a restart of
-the in-process server); `-m slow` draws ten times more combined calls.
+Every run draws 40 combined calls per RPC; `-m slow` adds the one-field
+sweep (about 650 calls, each with a restart of the in-process server, a fifth
+of the default tests' CPU were it among them) and ten times more combined
+calls.
 """
 
 from __future__ import annotations
@@ -410,6 +412,7 @@ def call_named(node: Node, rpc: str) -> Call:
     return next(c for c in node.valid_calls() if c.rpc == rpc)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rpc", RPCS)
 def test_each_field_at_each_edge_value_is_answered_and_survives_a_restart(
     node: Node, rpc: str
