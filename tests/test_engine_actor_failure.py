@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
@@ -13,13 +12,9 @@ from fedrl.client.training.actor_pool import ActorFailureError
 from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.learner_config import LearnerConfig
+from tests.support.segments import record_created, still_there
 
-SHM = Path("/dev/shm")
 LEARNER = LearnerConfig(device="cpu", hidden=(16,), batch_size=8, learning_starts=100)
-
-
-def fedrl_segments() -> set[str]:
-    return {p.name for p in SHM.glob("fedrl_*")}
 
 
 def engine(max_restarts: int) -> TrainingEngine:
@@ -42,9 +37,11 @@ def wait_for_data(eng: TrainingEngine) -> None:
         eng.poll()
 
 
-def test_a_killed_actor_is_restarted_and_collection_goes_on() -> None:
+def test_a_killed_actor_is_restarted_and_collection_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # prepare
-    before = fedrl_segments()
+    created = record_created(monkeypatch)
     eng = engine(max_restarts=2)
     with eng:
         wait_for_data(eng)
@@ -61,12 +58,14 @@ def test_a_killed_actor_is_restarted_and_collection_goes_on() -> None:
         # assert
         (replacement,) = eng.actor_pids()
         assert replacement != victim
-    assert fedrl_segments() - before == set()
+    assert created and still_there(created) == set()
 
 
-def test_an_actor_dying_past_its_restart_budget_stops_the_run_cleanly() -> None:
+def test_an_actor_dying_past_its_restart_budget_stops_the_run_cleanly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # prepare
-    before = fedrl_segments()
+    created = record_created(monkeypatch)
     eng = engine(max_restarts=0)
 
     # act
@@ -82,4 +81,4 @@ def test_an_actor_dying_past_its_restart_budget_stops_the_run_cleanly() -> None:
 
     # assert
     assert "max_actor_restarts" in str(failure.value)
-    assert fedrl_segments() - before == set()
+    assert created and still_there(created) == set()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -12,16 +10,11 @@ from fedrl.client.training.engine import TrainingEngine
 from fedrl.client.training.engine_config import EngineConfig
 from fedrl.client.training.learner_config import LearnerConfig
 from fedrl.client.training.vector_env import make_vector_env
-
-SHM = Path("/dev/shm")
+from tests.support.segments import record_created, still_there
 
 SMALL_LEARNER = LearnerConfig(
     device="cpu", hidden=(32, 32), batch_size=16, learning_starts=200, target_update_interval=50
 )
-
-
-def fedrl_segments() -> set[str]:
-    return {p.name for p in SHM.glob("fedrl_*")}
 
 
 def small_engine(workers: int, **overrides: object) -> TrainingEngine:
@@ -58,22 +51,24 @@ def test_serial_mode_trains_at_the_configured_replay_ratio() -> None:
     assert any(not np.array_equal(x, y) for x, y in zip(before, after, strict=True))
 
 
-def test_parallel_mode_with_two_actors_trains_and_frees_its_shared_memory() -> None:
+def test_parallel_mode_with_two_actors_trains_and_frees_its_shared_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # prepare
-    before = fedrl_segments()
+    created = record_created(monkeypatch)
     engine = small_engine(2)
 
     # act
     with engine:
         assert len(engine.actor_pids()) == 2
-        assert fedrl_segments() - before, "expected the ring and board in /dev/shm"
+        assert still_there(created), "expected the ring and board in /dev/shm"
         engine.run(lambda c: c.updates >= 100)
         counters = engine.counters
 
     # assert
     assert counters.env_steps >= 200 and counters.episodes > 0
     assert counters.updates <= 0.25 * counters.env_steps
-    assert fedrl_segments() - before == set()
+    assert still_there(created) == set()
 
 
 def test_adopted_weights_reach_the_learner_and_are_what_it_reports() -> None:
