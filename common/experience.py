@@ -403,11 +403,6 @@ def column_layout(header: pb.ExperienceHeader, *, max_raw_bytes: int) -> list[Co
             raise DecodeError(
                 f"the batch's columns take more than the limit of {max_raw_bytes} bytes"
             )
-        if not addressable(slot.shape, slot.storage.itemsize):
-            raise DecodeError(
-                f"experience column {spec.name!r} has shape {list(slot.shape)}, too large for "
-                "any array, even an empty one"
-            )
         slots.append(slot)
     obs, next_obs = slots[0], slots[1]
     if (obs.storage, obs.shape) != (next_obs.storage, next_obs.shape):
@@ -454,6 +449,10 @@ def _slot(spec: tpb.TensorSpec, rows: int, offset: int) -> ColumnSlot:
             f"{label} has shape {list(shape)}; the header announces {rows} transitions"
         )
     storage = _STORAGE[spec.dtype]
+    if not addressable(shape, storage.itemsize):
+        raise DecodeError(
+            f"{label} has shape {list(shape)}, too large for any array, even an empty one"
+        )
     return ColumnSlot(spec.name, storage, shape, offset, math.prod(shape) * storage.itemsize)
 
 
