@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -21,8 +20,7 @@ from bench.federation.settings import MODE_NAMES, Configuration, Settings
 from bench.federation.statistics import Estimate, describe, describe_speedup
 from bench.federation.summary import LOSSLESS_TOLERANCE, ArrangementSummary, Comparison
 from bench.federation.sweep import Reference, replay_ratio_of
-
-REPOSITORY = Path(__file__).resolve().parents[2]
+from bench.provenance import commit
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -310,26 +308,6 @@ def run_figures(r: RunResult) -> dict[str, Any]:
         "server_cpu_seconds": r.server_cpu_seconds,
         "participants": [asdict(p) for p in r.participants],
     }
-
-
-def commit() -> dict[str, Any]:
-    """The checkout's commit and whether it had changes, where git can say."""
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(REPOSITORY), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        changes = subprocess.run(
-            ["git", "-C", str(REPOSITORY), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return {"commit": None, "modified": None}
-    return {"commit": head, "modified": bool(changes)}
 
 
 def machine(cores: int) -> dict[str, Any]:

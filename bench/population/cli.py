@@ -3,7 +3,9 @@
 What runs: bench.population.settings; what is computed: bench.population.report.
 Every finished job appends its members' figures to --results (JSON lines),
 and a later invocation with the same file and options skips the jobs already
-there, so a long bench survives an interruption. The last line of stdout is
+there, so a long bench survives an interruption. Each line names the commit
+and the settings it ran with; a file from another commit, a changed tree or
+other settings is refused rather than mixed into one table. The last line of stdout is
 one JSON object with every figure.
 """
 
@@ -16,6 +18,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.population.report import arms, per_seed_lines, summary, summary_lines
 from bench.population.runs import Job, MemberOutcome, run_jobs
@@ -27,6 +30,7 @@ from bench.population.settings import (
     sampled,
     server_options,
 )
+from bench.provenance import commit
 
 
 def parse() -> tuple[Settings, Path | None, bool]:
@@ -117,6 +121,52 @@ def jobs_of(settings: Settings, root: Path) -> list[Job]:
     return jobs
 
 
+def provenance(settings: Settings) -> dict[str, Any]:
+    """What a finished job's figures depend on besides its seed and arm."""
+    tree = commit()
+    return {
+        "commit": tree["commit"],
+        "modified": tree["modified"],
+        "task": dataclasses.asdict(settings.task),
+        "algo": settings.algo,
+        "eval_episodes": settings.eval_episodes,
+        "score_window": settings.score_window,
+        "network": list(settings.network),
+    }
+
+
+def finished_jobs(
+    path: Path, expected: dict[str, Any]
+) -> dict[tuple[int, str], list[MemberOutcome]]:
+    """The jobs `path` holds, by (seed, arm); SystemExit where a line ran otherwise."""
+    done: dict[tuple[int, str], list[MemberOutcome]] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"{path}:{number} is no JSON line of this bench: {exc}") from exc
+        ran = record.get("provenance") or {}
+        if not ran:
+            differs = "no record of its commit and settings"
+        elif expected["modified"] is not False or ran.get("modified") is not False:
+            differs = "a tree with uncommitted changes, or one git could not name"
+        else:
+            differs = ", ".join(
+                f"{key} {ran.get(key)!r} (now {value!r})"
+                for key, value in expected.items()
+                if ran.get(key) != value
+            )
+        if differs:
+            raise SystemExit(
+                f"{path}:{number} ran with {differs}: its figures are not this run's to "
+                "resume; give --results another file"
+            )
+        members = [MemberOutcome(**m) for m in record["members"]]
+        key = (record["seed"], record["arm"])
+        done[key] = done.get(key, []) + members
+    return done
+
+
 def main() -> None:
     settings, results_path, keep = parse()
     task = settings.task
@@ -129,13 +179,10 @@ def main() -> None:
         f"{list(settings.seeds)}; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}",
         flush=True,
     )
+    ran = provenance(settings)
     done: dict[tuple[int, str], list[MemberOutcome]] = {}
     if results_path is not None and results_path.exists():
-        for line in results_path.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
-            members = [MemberOutcome(**m) for m in record["members"]]
-            key = (record["seed"], record["arm"])
-            done[key] = done.get(key, []) + members
+        done = finished_jobs(results_path, ran)
     with tempfile.TemporaryDirectory(prefix="bench-population-") as scratch:
         root = Path(scratch)
         if keep:
@@ -153,7 +200,12 @@ def main() -> None:
             outcomes = job.outcomes(task.target)
             done[(job.seed, job.arm)] = done.get((job.seed, job.arm), []) + outcomes
             if results_path is not None:
-                record = {"seed": job.seed, "arm": job.arm, "members": [vars(o) for o in outcomes]}
+                record = {
+                    "seed": job.seed,
+                    "arm": job.arm,
+                    "members": [vars(o) for o in outcomes],
+                    "provenance": ran,
+                }
                 with results_path.open("a", encoding="utf-8") as file:
                     file.write(json.dumps(record) + "\n")
             finished = sum(1 for j in jobs if j.cpu and not j.processes)
@@ -181,6 +233,7 @@ def main() -> None:
             {
                 "bench": "population",
                 "settings": dataclasses.asdict(settings),
+                **commit(),
                 "per_seed": [
                     {
                         "seed": e.seed,
