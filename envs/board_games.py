@@ -110,6 +110,34 @@ class GameRules:
         wins: npt.NDArray[np.bool_] = np.all(lines, axis=3).any(axis=2) & (target >= 0)
         return wins
 
+    @cached_property
+    def symmetries(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The board's symmetries, the identity first, as (features [S, obs_size], actions
+        [S, A]): feature i of a transformed observation is feature `features[s, i]` of the
+        original, and action a becomes `actions[s, a]`.
+
+        A winning line maps onto a winning line under each of them, and the
+        legal moves onto the legal moves, so a transition's value is the same
+        in every one: gravity leaves the left-right mirror (connect four); a
+        square board without it has the eight rotations and reflections
+        (tic-tac-toe).
+        """
+        grid = np.arange(self.cells).reshape(self.rows, self.cols)
+        if self.gravity or self.rows != self.cols:
+            boards = [grid, grid[:, ::-1]]
+        else:
+            boards = [np.rot90(g, k) for g in (grid, grid.T) for k in range(4)]
+        features, actions = [], []
+        for board in boards:
+            source = board.reshape(-1)  # cell i of the transformed board is cell source[i]
+            moves = source[: self.cols] if self.gravity else source
+            planes = np.stack([2 * source, 2 * source + 1], axis=1).reshape(-1)
+            features.append(np.concatenate([planes, 2 * self.cells + moves]))
+            image = np.empty(self.actions, dtype=np.int64)
+            image[moves] = np.arange(self.actions)
+            actions.append(image)
+        return np.asarray(features, dtype=np.int64), np.asarray(actions, dtype=np.int64)
+
 
 GAMES: dict[str, GameRules] = {
     rules.name: rules

@@ -61,7 +61,7 @@ from fedrl.client.training.transitions import LearnerTransitions
 from fedrl.client.training.vector_env import env_shape, make_vector_env
 from fedrl.common.closing import Closing
 from fedrl.envs.atari import is_atari
-from fedrl.envs.board_games import is_two_player
+from fedrl.envs.board_games import game_rules, is_two_player
 
 
 class TrainingEngine(Closing):
@@ -152,6 +152,7 @@ class TrainingEngine(Closing):
                 network=network,
                 gradients=ranks,
                 action_mask=shape.action_mask,
+                symmetries=game_rules(config.env).symmetries if two_player else None,
             )
             self._schedule = ReplaySchedule(
                 self.learner,

@@ -46,6 +46,7 @@ from fedrl.client.training.q_network import (
     named_arrays,
 )
 from fedrl.client.training.replay import Replay, ReplayStore, SampledBatch
+from fedrl.client.training.symmetry import BatchSymmetries
 from fedrl.client.training.transitions import LearnerTransitions
 
 STATE_FORMAT = 1
@@ -132,6 +133,7 @@ class Learner:
         network: NetworkConfig = DEFAULT_NETWORK,
         gradients: GradientSync | None = None,
         action_mask: bool = False,
+        symmetries: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         """`network` picks the torso (fedrl.client.training.networks): the MLP of
         config.hidden by default, or the causal transformer. `gradients` makes
@@ -139,7 +141,9 @@ class Learner:
         every step then uses the ranks' mean gradient. `action_mask`: observations
         end with the legal-action mask, which the networks apply to their
         Q-values, so the target's max and Double DQN's argmax see legal actions
-        only (fedrl.client.training.masking)."""
+        only (fedrl.client.training.masking). `symmetries`: a board game's
+        (GameRules.symmetries), in which each drawn transition is trained on
+        (fedrl.client.training.symmetry) unless config.symmetries is off."""
         self.config = config
         self._gradients = gradients
         self.obs_shape = tuple(obs_shape)
@@ -195,6 +199,18 @@ class Learner:
         self._target_updated_at = 0
         self._loss_fn: Callable[[DeviceBatch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = (
             torch.compile(self._loss) if config.compile else self._loss
+        )
+        # A board game's symmetries (GameRules.symmetries), drawn per sample inside the loss,
+        # so the host update and the captured device update transform alike.
+        self._symmetries = (
+            BatchSymmetries(
+                *symmetries,
+                obs_features=math.prod(self.obs_shape),
+                n_actions=n_actions,
+                device=self.device,
+            )
+            if symmetries is not None and config.symmetries
+            else None
         )
         self._captured: CapturedUpdate | None = None
         self._unread = 0  # device updates whose statistics no readback has taken yet
@@ -423,6 +439,8 @@ class Learner:
 
     def _loss(self, batch: DeviceBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Forward passes and dqn_loss: the part torch.compile may fuse."""
+        if self._symmetries is not None:
+            batch = self._symmetries.apply(batch)
         double = self.config.double_dqn
         # bf16 matmuls, float32 loss: the TD error is a small difference of large
         # values, which bf16's 8-bit mantissa would round away. A CUDA graph must

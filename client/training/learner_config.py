@@ -132,6 +132,13 @@ class LearnerConfig:
         ),
     )
     compile: bool = field(default=False, metadata=doc("torch.compile the loss computation."))
+    symmetries: bool = field(
+        default=True,
+        metadata=doc(
+            "Two-player games: train on each drawn transition in a random symmetry of its "
+            "board (connect four's mirror image, tic-tac-toe's eight)."
+        ),
+    )
     seed: int = field(default=0, metadata=doc("Seeds network initialisation and replay sampling."))
 
     def __post_init__(self) -> None:
