@@ -48,6 +48,20 @@ def test_ppo_on_games_gets_the_atari_ppo_settings() -> None:
     assert "lr" not in settings  # DQN's settings stay out of a PPO run
 
 
+@pytest.mark.parametrize("algo", ["dqn", "ppo"])
+def test_two_player_games_get_their_settings_and_dqn_its_discount(algo: str) -> None:
+    board = TrainConfig(algo=algo, engine=EngineConfig(env="pettingzoo/connect_four_v3"))  # type: ignore[arg-type]
+
+    config, settings = with_game_defaults(board, given=set())
+    assert config.engine.eval_episodes == 50 and config.save_model_every == 1_000
+    assert config.engine.replay_ratio == 0.25
+    assert config.learner.gamma == (0.9 if algo == "dqn" else LearnerConfig().gamma)
+    assert ("gamma" in settings) == (algo == "dqn")
+    assert config.ppo == board.ppo
+    kept, settings = with_game_defaults(board, given={"gamma"})
+    assert kept.learner.gamma == LearnerConfig().gamma and "gamma" not in settings
+
+
 def test_other_envs_keep_every_default() -> None:
     config = TrainConfig()
 

@@ -10,11 +10,17 @@ available up to 1M transitions (split among the learner ranks of
 that stop a greedy policy stuck without serving (Breakout) after 4,500
 steps; for PPO, the Atari settings of Schulman et al. (2017, table 5) as
 CleanRL runs them.
-Two-player games keep the learners' settings and change what a game's
-length asks for: a connect-four game lasts about ten of the learner's
-moves, so saving every ten episodes would write a file several times a
-second, and an evaluation plays 50 games against each fixed player from
-each seat (400 games: a 95 % win rate is then known within ±2 points).
+Two-player games change what a game's length asks for: a connect-four
+game lasts about ten of the learner's moves, so saving every ten episodes
+would write a file several times a second, and an evaluation plays 50
+games against each fixed player from each seat (400 games: a 95 % win rate
+is then known within ±2 points). DQN discounts a move by 0.9 rather than
+0.99: with 0.99 a win now is worth barely more than the same win a few
+moves later, and a learner that plays itself learns neither to take wins
+at once nor to block them (docs/games.md, learning). It also makes one
+update per four env steps rather than two: a board's moves cost the actors
+little, the learner's updates are what limits a game's speed, and fresher
+games per update learned faster per update and per second.
 An option given on the command line always wins.
 """
 
@@ -69,15 +75,19 @@ GAME_PPO: dict[str, Any] = {
 }
 """PPOConfig fields for games."""
 TWO_PLAYER_ENGINE: dict[str, Any] = {
+    "replay_ratio": 0.25,
     "eval_interval": 20_000,
     "eval_episodes": 50,
 }
-"""EngineConfig fields for two-player games (eval_episodes: games per fixed player and seat)."""
+"""EngineConfig fields for two-player games (eval_episodes: games per fixed player and seat;
+the replay ratio is DQN's, PPO does not read it)."""
 TWO_PLAYER_RUN: dict[str, Any] = {
     "save_model_every": 1_000,
     "save_progress_every": 10_000,
 }
 """TrainConfig fields for two-player games: saves counted in (short) games."""
+TWO_PLAYER_LEARNER: dict[str, Any] = {"gamma": 0.9}
+"""LearnerConfig fields for DQN on two-player games."""
 
 
 def with_game_defaults(
@@ -94,10 +104,16 @@ def with_game_defaults(
     if is_two_player(config.engine.env):
         engine = {k: v for k, v in TWO_PLAYER_ENGINE.items() if k not in given}
         run = {k: v for k, v in TWO_PLAYER_RUN.items() if k not in given}
+        learner = {
+            k: v for k, v in TWO_PLAYER_LEARNER.items() if k not in given and config.algo == "dqn"
+        }
         changed = dataclasses.replace(
-            config, engine=dataclasses.replace(config.engine, **engine), **run
+            config,
+            engine=dataclasses.replace(config.engine, **engine),
+            learner=dataclasses.replace(config.learner, **learner),
+            **run,
         )
-        return changed, engine | run
+        return changed, engine | learner | run
     if not is_atari(config.engine.env):
         return config, {}
     if config.algo == "ppo":
