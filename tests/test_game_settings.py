@@ -56,6 +56,7 @@ def test_two_player_games_get_their_settings_and_dqn_its_discount(algo: str) -> 
     assert config.engine.eval_episodes == 50 and config.save_model_every == 1_000
     assert config.engine.replay_ratio == 0.25
     assert config.learner.gamma == (0.9 if algo == "dqn" else LearnerConfig().gamma)
+    assert config.learner.lr == (3e-4 if algo == "dqn" else LearnerConfig().lr)
     assert ("gamma" in settings) == (algo == "dqn")
     assert config.ppo == board.ppo
     kept, settings = with_game_defaults(board, given={"gamma"})
