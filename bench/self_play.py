@@ -24,7 +24,8 @@ joins its actors). The target (`--target`): connect four, at least 95 %
 wins against the random player over both seats and at least 60 %
 non-losses against the look-ahead player in each seat; tic-tac-toe, no
 loss against the look-ahead player in either seat. A participant's steps
-to target are its env steps at the first evaluation meeting it; a group
+to target are its env steps at the first of two evaluations in a row that
+meet it (one lucky evaluation of a wobbling policy does not count); a group
 run's are the median over its participants. The summary gives, per
 configuration, the median over seeds of the steps to target (none unless
 at least half the seeds reach it), and the group's against the lone
@@ -55,6 +56,8 @@ import psutil
 from fedrl.server.launcher import ServerProcess
 
 CLIENT = Path(sys.executable).with_name("fedrl-client")
+CONSECUTIVE = 2
+"""Evaluations in a row that must meet the target."""
 SERVER_OPTIONS = (
     # The runs end by their own budget, never by the session's goal.
     "--goal-episodes",
@@ -90,6 +93,18 @@ def meets(target: str, evaluation: Evaluation) -> bool:
     if target == "connect_four":
         return evaluation.random_wins() >= 0.95 and min(first, second) >= 0.6
     return min(first, second) >= 1.0
+
+
+def steps_to_target(target: str, evaluations: Sequence[Evaluation]) -> int | None:
+    """Env steps at the first of CONSECUTIVE evaluations in a row meeting `target`; None if
+    none do (the rule of bench.federation.scoring.reached_at, which this script cannot import:
+    bench's packages are not on a script's path)."""
+    run = 0
+    for index, evaluation in enumerate(evaluations):
+        run = run + 1 if meets(target, evaluation) else 0
+        if run == CONSECUTIVE:
+            return evaluations[index - CONSECUTIVE + 1].env_steps
+    return None
 
 
 @dataclass
@@ -243,7 +258,7 @@ def run_configuration(
     runs = []
     for name, engine_seed, client in zip(names, seeds, clients, strict=True):
         evaluations, env_steps, updates = read_metrics(where / "state" / name / "metrics.jsonl")
-        reached = next((e.env_steps for e in evaluations if meets(args.target, e)), None)
+        reached = steps_to_target(args.target, evaluations)
         runs.append(
             ParticipantRun(
                 name=name,
