@@ -233,7 +233,8 @@ def main() -> None:
             {
                 "bench": "population",
                 "settings": dataclasses.asdict(settings),
-                **commit(),
+                "commit": ran["commit"],
+                "modified": ran["modified"],
                 "per_seed": [
                     {
                         "seed": e.seed,

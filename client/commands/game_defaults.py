@@ -106,9 +106,8 @@ def with_game_defaults(
     if is_two_player(config.engine.env):
         engine = {k: v for k, v in TWO_PLAYER_ENGINE.items() if k not in given}
         run = {k: v for k, v in TWO_PLAYER_RUN.items() if k not in given}
-        learner = {
-            k: v for k, v in TWO_PLAYER_LEARNER.items() if k not in given and config.algo == "dqn"
-        }
+        dqn = TWO_PLAYER_LEARNER if config.algo == "dqn" else {}
+        learner = {k: v for k, v in dqn.items() if k not in given}
         changed = dataclasses.replace(
             config,
             engine=dataclasses.replace(config.engine, **engine),
