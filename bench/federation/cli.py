@@ -45,6 +45,7 @@ from fedrl.client.federation.experience_sync import ExchangeConfig
 from fedrl.client.training.engine_config import available_cores
 from fedrl.client.training.learner_config import TARGET_AT_ADOPTION, LearnerConfig
 from fedrl.client.training.vector_env import make_vector_env
+from fedrl.common.group_rules import ROUNDS_FROM
 
 QUICK_MODES: tuple[Mode, ...] = ("both",)
 NUMBERS: tuple[tuple[str, type, str], ...] = (
@@ -73,7 +74,7 @@ NUMBERS: tuple[tuple[str, type, str], ...] = (
         "rounds_from",
         int,
         "members pushing weights from which members sync in rounds, asynchronously below "
-        "(default: the client's, 3; 1: rounds at any size)",
+        f"(default: the client's, {ROUNDS_FROM}; 1: rounds at any size)",
     ),
     (
         "foreign_credit",
