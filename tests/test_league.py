@@ -64,6 +64,33 @@ def test_pfsp_fields_the_opponents_the_learner_beats_least_most() -> None:
     assert dict(zip(ids.tolist(), all_odds.tolist(), strict=True))[LATEST] == 0.25
 
 
+def test_the_networks_weigh_as_one_opponent_beside_each_fixed_player() -> None:
+    league = League(SelfPlayConfig(latest_share=0.2, opponent_slots=8), seed=0)
+    snapshots = [league.add_snapshot(named_arrays(network(i)), updates=i) for i in range(8)]
+    # Even against the look-ahead player and every snapshot, always winning against random.
+    league.record(np.array([RANDOM] * 50), np.array([1.0] * 50))
+    league.record(np.array([LOOKAHEAD, LOOKAHEAD]), np.array([1.0, -1.0]))
+    for snapshot in snapshots:
+        league.record(np.array([snapshot, snapshot]), np.array([1.0, -1.0]))
+    fielded = league.fielded()
+    ids, odds = fielded.table()
+    by_id = dict(zip(ids.tolist(), odds.tolist(), strict=True))
+    assert by_id[LATEST] == pytest.approx(0.2)
+    assert by_id[RANDOM] == pytest.approx(0.0)
+    assert by_id[LOOKAHEAD] == pytest.approx(0.4)
+    assert sum(fielded.odds) == pytest.approx(0.4)
+    assert max(fielded.odds) == pytest.approx(min(fielded.odds))
+
+
+def test_a_learner_that_beats_everyone_still_draws_every_opponent() -> None:
+    league = League(SelfPlayConfig(latest_share=0.0), seed=0)
+    snapshot = league.add_snapshot(named_arrays(network()), updates=1)
+    league.record(np.array([RANDOM, LOOKAHEAD, snapshot] * 300), np.array([1.0] * 900))
+    ids, odds = league.fielded().table()
+    assert odds.sum() == pytest.approx(1.0)
+    assert dict(zip(ids.tolist(), odds.tolist(), strict=True))[snapshot] > 0
+
+
 def test_the_pool_keeps_at_most_pool_size_weights_and_every_rating() -> None:
     league = League(SelfPlayConfig(pool_size=3, opponent_slots=2), seed=0)
     ids = [league.add_snapshot(named_arrays(network(i)), updates=i) for i in range(10)]
