@@ -11,6 +11,7 @@ from fedrl.client.training.league import League
 from fedrl.client.training.opponent_board import board_layout, publish, read
 from fedrl.client.training.opponent_pool import OpponentPool, OpponentsSpec
 from fedrl.client.training.q_network import build_q_network, named_arrays
+from fedrl.client.training.self_play import SelfPlay
 from fedrl.client.training.self_play_config import SelfPlayConfig
 from fedrl.client.training.shm import WeightsBoard
 from fedrl.envs.board_games import GAMES
@@ -89,6 +90,18 @@ def test_a_learner_that_beats_everyone_still_draws_every_opponent() -> None:
     ids, odds = league.fielded().table()
     assert odds.sum() == pytest.approx(1.0)
     assert dict(zip(ids.tolist(), odds.tolist(), strict=True))[snapshot] > 0
+
+
+def test_adopted_versions_join_once_a_snapshot_interval_and_pulled_ones_always() -> None:
+    self_play = SelfPlay(SelfPlayConfig(snapshot_interval=100), seed=0)
+    weights = named_arrays(network())
+    # A group in rounds adopts a version every few updates.
+    for version, updates in enumerate(range(0, 260, 10), start=1):
+        self_play.add_version(version, weights, adopted_at=updates)
+    assert self_play.league.versions() == [1, 11, 21]  # at 0, 100 and 200 updates
+    self_play.add_version(100, weights)
+    self_play.add_version(101, weights)
+    assert self_play.league.versions() == [1, 11, 21, 100, 101]
 
 
 def test_the_pool_keeps_at_most_pool_size_weights_and_every_rating() -> None:

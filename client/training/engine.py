@@ -503,10 +503,11 @@ class TrainingEngine(Closing):
     def add_global_version(
         self, version: int, tensors: Sequence[tuple[str, npt.NDArray[Any]]]
     ) -> None:
-        """Two-player games: a global version of the session joins the league (once); other
-        envs have no league, and nothing happens."""
+        """Two-player games: a global version the participant adopted joins the league (once,
+        when a snapshot is due: fedrl.client.training.self_play); other envs have no league,
+        and nothing happens."""
         if self.self_play is not None:
-            self.self_play.add_version(version, tensors)
+            self.self_play.add_version(version, tensors, adopted_at=self.learner.updates)
 
     # -- hooks for the sync loop and autosave --------------------------------
 

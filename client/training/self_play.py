@@ -9,6 +9,14 @@ scores), takes a snapshot of the learner's policy every
 board again, as it does for every global version that joins
 (`add_version`). The board keeps its size: actors never hold more networks
 than its slots.
+
+The versions a participant adopts join at most one every
+`snapshot_interval` updates, as its snapshots do. In rounds a group makes a
+version every 128 env steps: each joining would fill the pool with near
+copies of the latest policy (64 versions are a few thousand env steps of
+play), add thousands of entries to the ratings every participant reports,
+and rewrite the actors' board every round. Versions pulled by number at
+join are the session's history and always join.
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ class SelfPlay:
         self.league = League(config, seed=seed)
         self._board: WeightsBoard | None = None
         self._snapshot_at = 0
+        self._version_at: int | None = None
+        """Learner updates when the last adopted version joined (None: none yet)."""
 
     def start(self, weights: NamedArrays) -> OpponentsSpec:
         """The board, holding what the league fields now, for the actors' specs."""
@@ -62,8 +72,21 @@ class SelfPlay:
             self.league.add_snapshot(weights(), updates=updates)
             self._field()
 
-    def add_version(self, version: int, weights: NamedArrays) -> None:
-        """A global version joins the league (once), and the board is fielded anew."""
+    def add_version(
+        self, version: int, weights: NamedArrays, *, adopted_at: int | None = None
+    ) -> None:
+        """A global version joins the league (once), and the board is fielded anew.
+
+        One adopted when the learner had made `adopted_at` updates joins only
+        if no adopted version joined in the last `snapshot_interval` updates
+        (module docstring).
+        """
+        if adopted_at is not None:
+            if self._version_at is not None and (
+                adopted_at - self._version_at < self.config.snapshot_interval
+            ):
+                return
+            self._version_at = adopted_at
         if self.league.add_version(version, weights) is not None:
             self._field()
 

@@ -18,7 +18,10 @@ class SelfPlayConfig:
 
     snapshot_interval: int = field(
         default=2_000,
-        metadata=doc("Two-player games: learner updates between snapshots of the policy."),
+        metadata=doc(
+            "Two-player games: learner updates between snapshots of the policy, and at "
+            "least between two adopted global versions joining the pool."
+        ),
     )
     pool_size: int = field(
         default=64,
