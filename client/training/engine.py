@@ -504,8 +504,8 @@ class TrainingEngine(Closing):
         self, version: int, tensors: Sequence[tuple[str, npt.NDArray[Any]]]
     ) -> None:
         """Two-player games: a global version the participant adopted joins the league (once,
-        when a snapshot is due: fedrl.client.training.self_play); other envs have no league,
-        and nothing happens."""
+        and at most one every snapshot interval: fedrl.client.training.self_play); other envs
+        have no league, and nothing happens."""
         if self.self_play is not None:
             self.self_play.add_version(version, tensors, adopted_at=self.learner.updates)
 
